@@ -1,0 +1,100 @@
+"""StepInputs: one scheduler step flattened into the tensors the model and attention backend read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenmill.plugin_api import AttentionBatch
+from tokenmill.scheduler.output import ScheduledRequest
+
+
+@dataclass
+class StepInputs:
+    """Flat token batch of one step.
+
+    ``sample_rows[i]`` is the row of the flat batch whose logits choose the next token of
+    ``sample_requests[i]``; ``prompt_logprob_spans`` maps a request to the rows of its fed tokens
+    when it asked for prompt logprobs.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attention: AttentionBatch
+    sample_rows: torch.Tensor
+    sample_requests: list[ScheduledRequest]
+    prompt_logprob_spans: dict[str, tuple[int, int]]
+
+
+class StepInputBuilder:
+    """Builds StepInputs into persistent host buffers, then copies them to the device once."""
+
+    def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
+                 device: torch.device) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self._token_ids = np.zeros(max_num_tokens, dtype=np.int64)
+        self._positions = np.zeros(max_num_tokens, dtype=np.int64)
+        self._block_tables = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
+
+    def build(self, scheduled: list[ScheduledRequest]) -> StepInputs:
+        num_reqs = len(scheduled)
+        query_lens = np.fromiter((s.num_tokens for s in scheduled), dtype=np.int64, count=num_reqs)
+        starts = np.fromiter((s.start_position for s in scheduled), dtype=np.int64, count=num_reqs)
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        seq_lens = starts + query_lens
+
+        token_ids = self._token_ids[:num_tokens]
+        token_ids[:] = np.fromiter((t for s in scheduled for t in s.token_ids), dtype=np.int64, count=num_tokens)
+        # positions: start of each request plus the offset of the token inside its chunk
+        request_of_token = np.repeat(np.arange(num_reqs), query_lens)
+        positions = self._positions[:num_tokens]
+        positions[:] = np.arange(num_tokens) - query_start_loc[request_of_token] + starts[request_of_token]
+
+        max_blocks = max((len(s.block_ids) for s in scheduled), default=0)
+        block_tables = self._block_tables[:num_reqs, :max_blocks]
+        block_tables.fill(0)
+        for row, s in enumerate(scheduled):
+            block_tables[row, : len(s.block_ids)] = s.block_ids
+        block_index = positions // self.block_size
+        slot_mapping = block_tables[request_of_token, block_index].astype(np.int64) * self.block_size
+        slot_mapping += positions % self.block_size
+
+        sample_requests = [s for s in scheduled if s.sample]
+        sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i, s in enumerate(scheduled) if s.sample),
+                                  dtype=np.int64, count=len(sample_requests))
+        prompt_logprob_spans = {
+            s.request_id: (int(query_start_loc[i]), int(query_start_loc[i + 1]))
+            for i, s in enumerate(scheduled)
+            if s.request.sampling_params.prompt_logprobs is not None and s.start_position < s.request.num_prompt_tokens
+        }
+
+        def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device=self.device, dtype=dtype)
+
+        attention = AttentionBatch(
+            query_start_loc=to_device(query_start_loc, torch.int32),
+            seq_lens=to_device(seq_lens, torch.int32),
+            context_lens=to_device(starts, torch.int32),
+            block_tables=to_device(block_tables, torch.int32),
+            slot_mapping=to_device(slot_mapping, torch.int64),
+            query_lens_cpu=query_lens.tolist(),
+            seq_lens_cpu=seq_lens.tolist(),
+            max_query_len=int(query_lens.max(initial=0)),
+            max_seq_len=int(seq_lens.max(initial=0)),
+            num_tokens=num_tokens,
+            block_size=self.block_size,
+        )
+        return StepInputs(
+            input_ids=to_device(token_ids, torch.int64),
+            positions=to_device(positions, torch.int64),
+            attention=attention,
+            sample_rows=to_device(sample_rows, torch.int64),
+            sample_requests=sample_requests,
+            prompt_logprob_spans=prompt_logprob_spans,
+        )
