@@ -1,0 +1,160 @@
+"""Request: one sequence's state inside the engine core, from arrival to finish."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from tokenmill.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tokenmill.engine.messages import EngineCoreRequest
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Every status from FINISHED_STOPPED on is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI-style reason: "stop", "length", "abort", or None while unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """A prompt, the tokens generated for it so far, and the bookkeeping the scheduler needs.
+
+    ``all_token_ids`` is the prompt followed by the output; the first ``num_computed_tokens`` of
+    them have their K/V in the cache. After a preemption ``num_computed_tokens`` drops to 0 and the
+    generated tokens are recomputed together with the prompt.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: Iterable[int] = (),
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
+        self.priority = priority
+        self.cache_salt = cache_salt
+
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        self.block_hashes: list[bytes] = []  # of the full blocks of all_token_ids, filled lazily
+
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+
+        self.runner_state: object = None  # scratch slot owned by the model runner
+
+    @classmethod
+    def from_engine_core_request(cls, message: EngineCoreRequest) -> Request:
+        """Build the engine-side request from the front end's message (arrival 0.0 means now)."""
+        return cls(
+            request_id=message.request_id,
+            prompt_token_ids=message.prompt_token_ids,
+            sampling_params=message.sampling_params,
+            eos_token_ids=message.eos_token_ids,
+            arrival_time=message.arrival_time or None,
+            priority=message.priority,
+            cache_salt=message.cache_salt,
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.sampling_params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
+
+    def append_output_token(self, token_id: int) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = time.time()
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self, max_model_len: int) -> bool:
+        """Apply the token-level stop rules to the newest token; on a stop, set the final status.
+
+        EOS (unless ``ignore_eos``) and ``stop_token_ids`` end the request with "stop" once
+        ``min_tokens`` outputs exist; ``max_tokens`` outputs or ``max_model_len`` tokens end it
+        with "length". A stop token wins over a length limit reached by the same token.
+        """
+        params = self.sampling_params
+        if self.num_output_tokens >= params.min_tokens:
+            last = self.output_token_ids[-1]
+            if last in self.eos_token_ids and not params.ignore_eos:
+                self.finish(RequestStatus.FINISHED_STOPPED)
+                return True
+            if last in self.stop_token_ids:
+                self.finish(RequestStatus.FINISHED_STOPPED, stop_reason=last)
+                return True
+        max_tokens = params.max_tokens
+        if self.num_tokens >= max_model_len or (max_tokens is not None and self.num_output_tokens >= max_tokens):
+            self.finish(RequestStatus.FINISHED_LENGTH)
+            return True
+        return False
+
+    def finish(self, status: RequestStatus, stop_reason: int | str | None = None) -> None:
+        assert status.is_finished, status
+        self.status = status
+        self.stop_reason = stop_reason
+        self.finished_time = time.time()
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_prompt_tokens}"
+            f"+{self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )
