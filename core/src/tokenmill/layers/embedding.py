@@ -1,0 +1,41 @@
+"""VocabEmbedding (token ids to vectors) and LMHead (vectors to vocabulary logits, tied or not)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokenmill.layers.linear import Linear
+from tokenmill.plugin_api import LinearSpec, QuantKernel, Quantizer
+
+
+class VocabEmbedding(nn.Module):
+    """A full-precision ``weight`` [vocab_size, hidden_size] looked up by token id."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(input_ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+
+
+class LMHead(Linear):
+    """The output projection: a Linear that returns float32 logits.
+
+    With ``tied_to`` it reuses the embedding's ``weight`` (``tie_word_embeddings``) instead of
+    creating its own, so ``quantizer`` must then be one whose kernel reads a plain ``weight``.
+    """
+
+    def __init__(self, spec: LinearSpec, quantizer: Quantizer, kernel: QuantKernel,
+                 tied_to: VocabEmbedding | None = None):
+        super().__init__(spec, quantizer, kernel, create_weights=tied_to is None)
+        self.tied = tied_to is not None
+        if tied_to is not None:
+            self.weight = tied_to.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return super().forward(hidden).float()

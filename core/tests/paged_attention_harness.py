@@ -1,0 +1,98 @@
+"""Test scaffolding for paged attention: a toy block allocator that turns "feed these tokens to
+these sequences" into the flat step tensors and AttentionBatch the model runner would build, and
+allocates per-layer KV caches. Tests import it by file path (they run with
+--import-mode=importlib, so sibling modules are not importable by name).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.layers.context import AttentionContext
+from tokenmill.plugin_api import AttentionBackend, AttentionBatch, AttentionSpec
+
+
+@dataclass
+class Step:
+    input_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    batch: AttentionBatch
+    last_token_rows: list[int]  # row of each chunk's last token in the flat batch
+
+
+class PagedHarness:
+    """Sequences with block tables drawn at random from a pool (so blocks are never contiguous)."""
+
+    def __init__(self, block_size: int = 16, num_blocks: int = 64, seed: int = 0, device: str = "cpu"):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = torch.device(device)
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+        self.block_tables: dict[Hashable, list[int]] = {}
+        self.lengths: dict[Hashable, int] = {}
+
+    def share_prefix(self, seq: Hashable, source: Hashable, num_tokens: int) -> None:
+        """Start ``seq`` with the first ``num_tokens`` (whole blocks) of ``source`` already cached."""
+        assert num_tokens % self.block_size == 0 and num_tokens <= self.lengths[source]
+        self.block_tables[seq] = list(self.block_tables[source][: num_tokens // self.block_size])
+        self.lengths[seq] = num_tokens
+
+    def _grow(self, seq: Hashable, new_len: int) -> list[int]:
+        table = self.block_tables.setdefault(seq, [])
+        while len(table) * self.block_size < new_len:
+            table.append(self.free.pop())
+        return table
+
+    def step(self, chunks: Sequence[tuple[Hashable, Sequence[int]]]) -> Step:
+        """Feed ``token_ids`` to each ``seq`` after the tokens it already has; one flat batch."""
+        ids, positions, slots, query_lens, seq_lens, context_lens, tables, rows = [], [], [], [], [], [], [], []
+        for seq, tokens in chunks:
+            start = self.lengths.get(seq, 0)
+            end = start + len(tokens)
+            table = self._grow(seq, end)
+            for pos in range(start, end):
+                slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
+            ids.extend(tokens)
+            positions.extend(range(start, end))
+            query_lens.append(len(tokens))
+            seq_lens.append(end)
+            context_lens.append(start)
+            tables.append(table)
+            rows.append(len(ids) - 1)
+            self.lengths[seq] = end
+        width = max(len(t) for t in tables)
+        block_tables = [t + [0] * (width - len(t)) for t in tables]
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        batch = AttentionBatch(
+            query_start_loc=tensor(starts, torch.int32), seq_lens=tensor(seq_lens, torch.int32),
+            context_lens=tensor(context_lens, torch.int32), block_tables=tensor(block_tables, torch.int32),
+            slot_mapping=tensor(slots, torch.int64), query_lens_cpu=query_lens, seq_lens_cpu=seq_lens,
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_tokens=len(ids),
+            block_size=self.block_size,
+        )
+        return Step(tensor(ids, torch.int64), tensor(positions, torch.int64), batch, rows)
+
+    def allocate_caches(self, backend: AttentionBackend, specs: Sequence[AttentionSpec],
+                        fill: float = float("nan")) -> list[torch.Tensor]:
+        """One cache per layer, filled with ``fill`` (NaN by default: never-written slots must
+        never reach an output)."""
+        caches = []
+        for spec in specs:
+            shape = backend.kv_cache_shape(self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_size)
+            dtype = backend.kv_cache_torch_dtype(spec)
+            caches.append(torch.full(shape, fill, dtype=torch.float32, device=self.device).to(dtype))
+        return caches
+
+    def context(self, backend: AttentionBackend, caches: list[torch.Tensor], step: Step) -> AttentionContext:
+        return AttentionContext(backend=backend, metadata=backend.plan(step.batch), kv_caches=caches)
