@@ -1,0 +1,97 @@
+"""The whole selection chain: platform -> compute dtype -> attention backend per layer type ->
+quantization format -> kernel per linear layer shape, recorded in one ``SelectionReport``.
+
+Each step is also usable on its own (``select_platform``, ``select_attention_backend``,
+``select_quantizer``, ``select_kernel``); this module only strings them together the way the
+engine and ``tokenmill plugins explain`` do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.discovery.attention_choice import select_attention_backend
+from tokenmill.discovery.kernel_choice import select_kernel
+from tokenmill.discovery.model_description import ModelDescription
+from tokenmill.discovery.platform_choice import select_platform
+from tokenmill.discovery.quantizer_choice import select_quantizer
+from tokenmill.discovery.registry import PluginRegistry
+from tokenmill.discovery.report import SelectionReport
+from tokenmill.discovery.selection_error import SelectionError
+from tokenmill.plugin_api import PlatformCapabilities
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class SelectionRequest:
+    """The user's say in selection (CLI flags / engine arguments); ``None``/"auto" = choose."""
+
+    device: str | None = None
+    allow_cpu_fallback: bool = False
+    attention_backend: str | None = None
+    quantization: str | None = None
+    dtype: str = AUTO
+    kv_cache_dtype: str = AUTO
+    block_size: int = 16
+
+
+def resolve_dtype(requested: str, checkpoint_dtype: str | None, caps: PlatformCapabilities) -> tuple[str, str]:
+    """(compute dtype, why): an explicit request wins; "auto" keeps the checkpoint's dtype when the
+    platform computes it, else takes the platform's first (default) dtype."""
+    if requested and requested != AUTO:
+        name = requested.removeprefix("torch.")
+        if name not in caps.dtypes:
+            raise SelectionError(f"--dtype {requested}: the platform computes {', '.join(caps.dtypes)}")
+        return name, "requested with --dtype"
+    if checkpoint_dtype in caps.dtypes:
+        return checkpoint_dtype, "the checkpoint's dtype"
+    if checkpoint_dtype:
+        return caps.dtypes[0], f"the platform's default (the checkpoint's {checkpoint_dtype} is not supported here)"
+    return caps.dtypes[0], "the platform's default (the checkpoint names no dtype)"
+
+
+def select(registry: PluginRegistry, request: SelectionRequest, model: ModelDescription | None = None,
+           activate: bool = True) -> SelectionReport:
+    """Run the chain for ``model`` (or only the platform step without one). ``activate`` calls the
+    chosen platform's ``activate()`` before its capabilities are read, as the engine does.
+    Raises SelectionError, whose message names every candidate and reason."""
+    platform_choice = select_platform(registry, request.device, request.allow_cpu_fallback)
+    report = SelectionReport(platform_choice, warnings=list(platform_choice.warnings))
+    if model is None:
+        return report
+    platform = platform_choice.instantiate()
+    if activate:
+        platform.activate()
+    report.platform_instance = platform
+    report.notes += model.notes
+
+    report.dtype, report.dtype_reason = resolve_dtype(request.dtype, model.checkpoint_dtype, platform.capabilities)
+    specs = model.attention_specs(report.dtype, request.kv_cache_dtype, request.block_size)
+    for layer_type, spec in specs.items():
+        choice = select_attention_backend(registry, platform, spec, request.attention_backend)
+        report.attention[layer_type] = choice
+        report.notes += choice.notes
+
+    quantizer_choice = select_quantizer(registry, model.hf_config, model.model_path, request.quantization)
+    report.quantizer = quantizer_choice
+    report.notes += quantizer_choice.notes
+    try:
+        quantizer = quantizer_choice.quantizer_cls.from_config(model.hf_config, model.model_path)
+    except ValueError as error:
+        raise SelectionError(f"quantization '{quantizer_choice.name}': {error}") from None
+    report.quantizer_instance = quantizer
+    report.kernels = [select_kernel(quantizer, spec, platform) for spec in model.linear_specs(report.dtype)]
+    report.warnings += _broken_plugin_warnings(registry)
+    return report
+
+
+def _broken_plugin_warnings(registry: PluginRegistry) -> list[str]:
+    """Broken attention backends, quantizers and general plugins are not fatal, but never silent."""
+    warnings = []
+    for kind in ("attention_backend", "quantizer", "plugin"):
+        for record in registry.records(kind):
+            if record.status.value in ("failed", "incompatible"):
+                warnings.append(f"{kind.replace('_', ' ')} plugin '{record.name}' ({record.source}) is "
+                                f"{record.status.value}: {record.reason}")
+    return warnings
