@@ -24,7 +24,12 @@ from tokenmill.plugin_api import AttentionBatch, AttentionSpec  # noqa: E402
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 DEVICE = "cpu" if INTERPRETED or not torch.cuda.is_available() else "cuda"
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+CACHE_DTYPES = {
+    "auto": None,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 def index_copy(dst: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
@@ -173,7 +178,9 @@ def make_case(
     num_tokens = sum(query_lens)
     pad_slots = torch.full((padding,), -1, dtype=torch.int64)
     slot_mapping = torch.cat([*new_slots, pad_slots])
-    key = torch.cat([*(k[c:] for k, c in zip(full_keys, context_lens, strict=True)), randn_kv(padding, num_kv_heads, head_size)])
+    key = torch.cat(
+        [*(k[c:] for k, c in zip(full_keys, context_lens, strict=True)), randn_kv(padding, num_kv_heads, head_size)]
+    )
     value = torch.cat(
         [*(v[c:] for v, c in zip(full_values, context_lens, strict=True)), randn_kv(padding, num_kv_heads, head_size)]
     )

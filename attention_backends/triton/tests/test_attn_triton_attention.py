@@ -34,7 +34,9 @@ def test_keys_beyond_one_kv_tile(paged_case, triton_step, close):
     close(triton_step(case), case.expected(), torch.float32)
 
 
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (6, 2), (8, 1)], ids=["mha", "gqa2", "gqa3", "mqa"])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (6, 2), (8, 1)], ids=["mha", "gqa2", "gqa3", "mqa"]
+)
 def test_grouped_query_heads(paged_case, triton_step, close, num_heads, num_kv_heads):
     case = paged_case([4, 1], context_lens=[3, 18], num_heads=num_heads, num_kv_heads=num_kv_heads)
     close(triton_step(case), case.expected(), torch.float32)
