@@ -1,0 +1,28 @@
+"""The GGUF kernel for layers dequantized at load: a plain ``F.linear`` on the float weight."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch.nn.functional as F
+
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, QuantKernel, Quantizer
+
+
+class GGUFDequantizedKernel(QuantKernel):
+    """Runs layers whose GGUF blocks were expanded to the compute dtype while loading (the fast path
+    where memory allows, e.g. on CPUs)."""
+
+    name = "gguf_dequantized"
+    gguf_layout: ClassVar[str] = "dequantize"  # what GGUFQuantizer.create_weights builds for this kernel
+
+    @classmethod
+    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
+        """Refuses only when the quantizer is pinned to the packed layout."""
+        if getattr(quantizer, "mode", "dequantize") == "packed":
+            return "the GGUF quantizer is set to the packed layout (TOKENMILL_GGUF_MODE=packed)"
+        return None
+
+    def apply(self, layer: Any, x: Any, bias: Any | None) -> Any:
+        """``x @ weight.T + bias``."""
+        return F.linear(x, layer.weight, bias)

@@ -1,0 +1,195 @@
+"""The GGUF format: llama.cpp checkpoints, read directly (config, tokenizer and weights from one file).
+
+Two layouts for linear layers:
+
+* ``dequantize``: the ggml blocks are expanded to the compute dtype while loading; the layer holds a
+  plain ``weight`` and runs ``F.linear`` (``GGUFDequantizedKernel``). Fast, but float-sized.
+* ``packed``: the layer keeps the raw blocks (``qweight``, uint8 ``[out_features, row_bytes]``) and
+  dequantizes them inside each matmul (``GGUFPackedTorchKernel``). A fused layer (q/k/v, gate/up)
+  stacks its shards' rows; shards of different ggml types are zero-padded to the widest row and
+  ``layer.gguf_segments`` records each row range's type.
+
+The mode comes from ``TOKENMILL_GGUF_MODE`` or ``quantization_config["gguf_mode"]`` ("auto" when
+neither is set). In ``auto`` each layer follows the kernel core selected for it (its
+``gguf_layout``), so a platform asks for packed weights by listing ``gguf_packed_torch`` (or its
+own packed GGUF kernel) first in ``quant_kernel_preference``; the default order dequantizes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from tokenmill.plugin_api import LinearSpec, QuantKernel, Quantizer
+from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
+from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
+from tokenmill_quant_gguf.gguf_file import GGUF_MAGIC
+from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
+
+MODE_ENV = "TOKENMILL_GGUF_MODE"
+MODES = ("auto", "dequantize", "packed")
+
+# Fused linear layers of the llama family and the checkpoint modules they stack (vLLM's convention).
+_FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+class GGUFQuantizer(Quantizer):
+    """GGUF checkpoints (F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the Q2_K..Q6_K K-quants)."""
+
+    name = "gguf"
+
+    def __init__(self, model_path: str | None = None, mode: str = "auto") -> None:
+        if mode not in MODES:
+            raise ValueError(f"GGUF mode {mode!r} is not one of {', '.join(MODES)}")
+        self.mode = mode
+        self._checkpoint = GGUFCheckpoint(model_path) if model_path else None
+        self._packed: set[str] = set()  # HF names of the weights created in the packed layout
+
+    @classmethod
+    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
+        """1.0 for a ``.gguf`` file (or a directory holding exactly one) with the GGUF magic; 0.5 for a
+        directory of several ``.gguf`` files and no safetensors (``from_config`` then explains)."""
+        if os.path.isfile(model_path):
+            return 1.0 if model_path.endswith(".gguf") and _has_magic(model_path) else 0.0
+        if not os.path.isdir(model_path):
+            return 0.0
+        names = os.listdir(model_path)
+        found = [n for n in names if n.endswith(".gguf")]
+        if len(found) == 1:
+            return 1.0 if _has_magic(os.path.join(model_path, found[0])) else 0.0
+        if found and not any(n.endswith(".safetensors") for n in names):
+            return 0.5
+        return 0.0
+
+    @classmethod
+    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> GGUFQuantizer:
+        """Open and validate the file; the mode comes from ``TOKENMILL_GGUF_MODE``, then
+        ``quantization_config["gguf_mode"]``, else ``auto``."""
+        options = hf_config.get("quantization_config") or {}
+        mode = os.environ.get(MODE_ENV) or options.get("gguf_mode") or "auto"
+        return cls(model_path, mode)
+
+    def kernels(self) -> tuple[type[QuantKernel], ...]:
+        """Dequantized ``F.linear`` first, then the packed torch reference."""
+        return (GGUFDequantizedKernel, GGUFPackedTorchKernel)
+
+    def is_quantized(self, spec: LinearSpec) -> bool:
+        """True when the file stores the layer (False e.g. for an ``lm_head`` tied to the embedding)."""
+        checkpoint = self._require_checkpoint()
+        return all(checkpoint.gguf_name(name) is not None for name in _shard_weight_names(spec))
+
+    def create_weights(self, layer: Any, spec: LinearSpec) -> None:
+        """Register ``weight`` (dequantize layout) or ``qweight`` + ``gguf_segments`` (packed layout),
+        both with ``output_dim = 0``; shard shapes are checked against the file."""
+        checkpoint = self._require_checkpoint()
+        shard_names = _shard_weight_names(spec)
+        tensors = [self._shard_tensor(checkpoint, name, spec, size) for name, size in zip(shard_names, spec.output_sizes)]
+        if self._layout(layer) == "packed":
+            width = max(checkpoint.packed_row_bytes(t.name) for t in tensors)
+            qweight = torch.nn.Parameter(torch.empty(spec.out_features, width, dtype=torch.uint8), requires_grad=False)
+            qweight.output_dim = 0
+            layer.register_parameter("qweight", qweight)
+            layer.gguf_segments = _segments(spec.output_sizes, [t.ggml_type for t in tensors])
+            self._packed.update(shard_names)
+        else:
+            dtype = getattr(torch, spec.dtype)
+            weight = torch.nn.Parameter(torch.empty(spec.out_features, spec.in_features, dtype=dtype), requires_grad=False)
+            weight.output_dim = 0
+            layer.register_parameter("weight", weight)
+
+    def weights(self, model_path: str) -> Iterator[tuple[str, Any]]:
+        """Every parameter tensor under its Hugging Face name: packed layers' weights as raw blocks
+        (``<module>.qweight``), everything else dequantized to float32."""
+        checkpoint = self._checkpoint_for(model_path)
+        for gguf_name, hf_name in checkpoint.hf_names():
+            if hf_name in self._packed:
+                yield hf_name.removesuffix("weight") + "qweight", checkpoint.packed(gguf_name)
+            else:
+                yield hf_name, checkpoint.dequantized(gguf_name)
+
+    def hf_config(self, model_path: str) -> dict[str, Any]:
+        """The transformers config dict derived from the GGUF metadata (as transformers does)."""
+        return self._checkpoint_for(model_path).hf_config()
+
+    def tokenizer(self, model_path: str) -> Any:
+        """The fast tokenizer and chat template stored in the GGUF metadata."""
+        return self._checkpoint_for(model_path).tokenizer()
+
+    def describe(self) -> str:
+        """The mode, the file and its tensor types."""
+        if self._checkpoint is None:
+            return f"gguf ({self.mode})"
+        types = Counter(info.ggml_type.name for info in self._checkpoint.file.tensors.values())
+        summary = ", ".join(f"{n} {t}" for t, n in types.most_common())
+        return f"gguf ({self.mode}; {os.path.basename(self._checkpoint.path)}: {summary})"
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _checkpoint_for(self, model_path: str) -> GGUFCheckpoint:
+        if self._checkpoint is None or not _same_source(self._checkpoint.path, model_path):
+            self._checkpoint = GGUFCheckpoint(model_path)
+        return self._checkpoint
+
+    def _require_checkpoint(self) -> GGUFCheckpoint:
+        if self._checkpoint is None:
+            raise ValueError("GGUFQuantizer has no checkpoint: create it with from_config(hf_config, model_path)")
+        return self._checkpoint
+
+    def _layout(self, layer: Any) -> str:
+        if self.mode != "auto":
+            return self.mode
+        kernel = getattr(layer, "kernel", None)
+        return getattr(kernel, "gguf_layout", "dequantize")
+
+    @staticmethod
+    def _shard_tensor(checkpoint: GGUFCheckpoint, hf_name: str, spec: LinearSpec, rows: int) -> Any:
+        gguf_name = checkpoint.gguf_name(hf_name)
+        if gguf_name is None:
+            raise ValueError(f"{checkpoint.path}: no GGUF tensor for {hf_name!r} (layer {spec.prefix})")
+        info = checkpoint.file.tensors[gguf_name]
+        if info.shape != (rows, spec.in_features):
+            raise ValueError(
+                f"{checkpoint.path}: tensor {gguf_name!r} has shape {info.shape}, "
+                f"but layer {spec.prefix} expects {(rows, spec.in_features)} for {hf_name!r}"
+            )
+        return info
+
+
+def _shard_weight_names(spec: LinearSpec) -> list[str]:
+    """The checkpoint weight names a layer loads, one per output shard."""
+    parent, _, leaf = spec.prefix.rpartition(".")
+    shards = _FUSED_SHARDS.get(leaf)
+    if shards is not None and len(shards) == len(spec.output_sizes):
+        return [f"{parent}.{shard}.weight" for shard in shards]
+    if len(spec.output_sizes) != 1:
+        raise ValueError(f"layer {spec.prefix} fuses {len(spec.output_sizes)} shards that GGUF loading cannot name")
+    return [f"{spec.prefix}.weight"]
+
+
+def _segments(sizes: tuple[int, ...], types: list[Any]) -> tuple[tuple[int, int, Any], ...]:
+    """Row ranges of one ggml type, merging neighbouring shards of the same type."""
+    segments: list[tuple[int, int, Any]] = []
+    start = 0
+    for size, ggml_type in zip(sizes, types):
+        if segments and segments[-1][2] == ggml_type:
+            segments[-1] = (segments[-1][0], start + size, ggml_type)
+        else:
+            segments.append((start, start + size, ggml_type))
+        start += size
+    return tuple(segments)
+
+
+def _has_magic(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _same_source(gguf_path: str, model_path: str) -> bool:
+    return os.path.realpath(gguf_path) == os.path.realpath(find_gguf_file(model_path))
