@@ -33,11 +33,13 @@ CACHE_DTYPES = {
 
 
 def index_copy(dst: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.index_copy_(0, slots, src)`` after converting ``src`` to ``dst``'s dtype; fp8 goes
-    through a uint8 view because torch has no fp8 index_copy."""
-    src = src.to(dst.dtype)
+    """``dst.index_copy_(0, slots, src)`` after converting ``src`` to ``dst``'s dtype; fp8 saturates
+    at its largest finite value and goes through a uint8 view (torch has no fp8 index_copy)."""
     if dst.element_size() == 1:
+        bound = torch.finfo(dst.dtype).max
+        src = src.float().clamp(-bound, bound).to(dst.dtype)
         dst, src = dst.view(torch.uint8), src.view(torch.uint8)
+    src = src.to(dst.dtype)
     dst.index_copy_(0, slots, src)
 
 

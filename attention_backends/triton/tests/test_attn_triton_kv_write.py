@@ -68,3 +68,17 @@ def test_slot_mapping_length_must_match(paged_case):
     case = paged_case([3])
     with pytest.raises(ValueError, match="slot_mapping has 2 entries for 3 tokens"):
         write_kv_cache(case.key, case.value, case.kv_cache, case.batch.slot_mapping[:2])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_fp8_saturates_out_of_range_values(paged_case, kv_cache_dtype):
+    case = paged_case([2], kv_cache_dtype=kv_cache_dtype, num_heads=1, num_kv_heads=1, head_size=8)
+    largest = torch.finfo(case.kv_cache.dtype).max
+    case.key[0, 0, :2] = torch.tensor([4 * largest, -4 * largest])
+    case.value[1, 0, :2] = torch.tensor([float("inf"), float("-inf")])
+    write_kv_cache(case.key, case.value, case.kv_cache, case.batch.slot_mapping)
+    slots = case.batch.slot_mapping.cpu()
+    flat = case.kv_cache.view(2, -1, 1, 8).float().cpu()
+    assert flat[0, slots[0], 0, :2].tolist() == [largest, -largest]
+    assert flat[1, slots[1], 0, :2].tolist() == [largest, -largest]
+    assert torch.equal(_cache_bytes(case.kv_cache), _cache_bytes(case.expected_cache()))

@@ -2,8 +2,9 @@
 
 One program per token copies that token's ``[num_kv_heads, head_size]`` key and value rows into
 slot ``slot_mapping[t]`` (``block_id * block_size + offset``) of the cache, converting to the
-cache dtype (fp8 with scale 1.0 goes through fp32, rounding to nearest even). Tokens whose slot is
-negative are padding and are skipped.
+cache dtype. An fp8 cache has scale 1.0: values are clamped to the format's finite range, then
+rounded to nearest even, like the reference backend. Tokens whose slot is negative are padding and
+are skipped.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _write_kv_kernel(
     KV_HEADS_PADDED: tl.constexpr,
     HEAD_SIZE_PADDED: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    SATURATE_AT: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -50,16 +52,19 @@ def _write_kv_kernel(
     value = tl.load(
         value_ptr + token * stride_value_token + heads[:, None] * stride_value_head + dims[None, :], mask=mask
     )
+    key = key.to(tl.float32)
+    value = value.to(tl.float32)
+    if SATURATE_AT > 0:
+        key = tl.minimum(tl.maximum(key, -SATURATE_AT), SATURATE_AT)
+        value = tl.minimum(tl.maximum(value, -SATURATE_AT), SATURATE_AT)
     key_dst = key_cache_ptr + block * stride_kc_block + offset * stride_kc_slot
     value_dst = value_cache_ptr + block * stride_vc_block + offset * stride_vc_slot
     tl.store(
-        key_dst + heads[:, None] * stride_kc_head + dims[None, :],
-        key.to(tl.float32).to(key_cache_ptr.dtype.element_ty),
-        mask=mask,
+        key_dst + heads[:, None] * stride_kc_head + dims[None, :], key.to(key_cache_ptr.dtype.element_ty), mask=mask
     )
     tl.store(
         value_dst + heads[:, None] * stride_vc_head + dims[None, :],
-        value.to(tl.float32).to(value_cache_ptr.dtype.element_ty),
+        value.to(value_cache_ptr.dtype.element_ty),
         mask=mask,
     )
 
@@ -96,4 +101,5 @@ def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tenso
         KV_HEADS_PADDED=triton.next_power_of_2(num_kv_heads),
         HEAD_SIZE_PADDED=triton.next_power_of_2(head_size),
         BLOCK_SIZE=key_cache.shape[1],
+        SATURATE_AT=torch.finfo(kv_cache.dtype).max if kv_cache.element_size() == 1 else 0.0,
     )
