@@ -125,3 +125,10 @@ def test_one_plan_serves_several_layers(paged_case, triton_step, close):
     for case in (first, second):
         out = backend.forward(case.spec, case.query, case.key, case.value, case.kv_cache, metadata)
         close(out, case.expected(), torch.float32)
+
+
+def test_requests_without_new_tokens_and_empty_steps(paged_case, triton_step, close):
+    case = paged_case([3, 0, 1], context_lens=[0, 5, 9])
+    close(triton_step(case), case.expected(), torch.float32)
+    empty = paged_case([])
+    assert triton_step(empty).shape == (0, empty.spec.num_heads, empty.spec.head_size)
