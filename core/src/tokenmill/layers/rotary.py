@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,6 +72,26 @@ def _dynamic_ntk_freqs(params: Mapping[str, Any], dim: int, original_max: int, m
     return torch.cat(freqs)
 
 
+@dataclass(frozen=True)
+class RotaryAngles:
+    """cos / sin of one step's positions, looked up once and shared by every layer."""
+
+    cos: torch.Tensor  # [T, 1, rotary_dim / 2] in the activation dtype
+    sin: torch.Tensor
+    rotary_dim: int
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [T, heads, head_size] (NeoX halves), leaving features past rotary_dim alone."""
+        x1, x2 = x[..., : self.rotary_dim].chunk(2, dim=-1)
+        out = torch.cat((x1 * self.cos - x2 * self.sin, x2 * self.cos + x1 * self.sin), dim=-1)
+        if self.rotary_dim == x.shape[-1]:
+            return out
+        return torch.cat((out, x[..., self.rotary_dim :]), dim=-1)
+
+    def apply(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotate(query), self.rotate(key)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotates the first ``rotary_dim`` features of every query and key head by its position.
 
@@ -89,19 +110,15 @@ class RotaryEmbedding(nn.Module):
     def max_position(self) -> int:
         return self.cos.shape[0]
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        rotated = x[..., : self.rotary_dim]
-        x1, x2 = rotated.chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        if self.rotary_dim == self.head_size:
-            return out
-        return torch.cat((out, x[..., self.rotary_dim :]), dim=-1)
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryAngles:
+        """The angles of ``positions`` [T] (each below ``max_position``) in ``dtype``."""
+        cos = self.cos[positions].to(dtype).unsqueeze(-2)
+        sin = self.sin[positions].to(dtype).unsqueeze(-2)
+        return RotaryAngles(cos, sin, self.rotary_dim)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """Rotate ``query`` [T, H, head_size] and ``key`` [T, KVH, head_size] at ``positions`` [T]."""
-        cos = self.cos[positions].to(query.dtype).unsqueeze(-2)
-        sin = self.sin[positions].to(query.dtype).unsqueeze(-2)
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+        return self.angles(positions, query.dtype).apply(query, key)
 
     def extra_repr(self) -> str:
         return f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, max_position={self.max_position}"

@@ -1,0 +1,104 @@
+"""ModelRegistry: Hugging Face architecture name -> "module:Class", imported only when used.
+
+Built-in models are listed here; plugins add theirs through the ``register_models`` hook, whose
+results go through ``register_models`` below. Registering an architecture twice with the same
+class is harmless (hooks may run more than once per process); with a different class it is an
+error naming both providers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+BUILTIN_SOURCE = "tokenmill"
+
+BUILTIN_MODELS: dict[str, str] = {
+    "LlamaForCausalLM": "tokenmill.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "tokenmill.models.llama:MistralForCausalLM",
+    "Qwen2ForCausalLM": "tokenmill.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "tokenmill.models.qwen3:Qwen3ForCausalLM",
+}
+
+
+class ModelRegistryError(ValueError):
+    """A clash between two providers of one architecture, or a malformed entry."""
+
+
+class UnsupportedArchitectureError(ValueError):
+    """No registered model implements the checkpoint's architecture."""
+
+
+class ModelRegistry:
+    """Architecture names to lazily imported model classes, each with the name of its provider."""
+
+    def __init__(self, builtin: Mapping[str, str] = BUILTIN_MODELS):
+        self._entries: dict[str, tuple[str, str]] = {}
+        self.register_all(builtin, BUILTIN_SOURCE)
+
+    def register(self, architecture: str, path: str, source: str = "a plugin") -> None:
+        """Map ``architecture`` to ``path`` ("package.module:Class") provided by ``source``."""
+        module, _, attr = path.partition(":")
+        if not module or not attr:
+            raise ModelRegistryError(f"{source} registers {architecture} as {path!r}; expected 'package.module:Class'")
+        existing = self._entries.get(architecture)
+        if existing is not None and existing[0] != path:
+            raise ModelRegistryError(f"architecture {architecture} is provided twice: by {existing[1]} "
+                                     f"({existing[0]}) and by {source} ({path})")
+        self._entries[architecture] = (path, source)
+
+    def register_all(self, mapping: Mapping[str, str], source: str = "a plugin") -> None:
+        """``register`` every entry of ``mapping`` (one plugin's ``register_models`` result)."""
+        for architecture, path in mapping.items():
+            self.register(architecture, path, source)
+
+    def supported(self) -> list[str]:
+        return sorted(self._entries)
+
+    def provider(self, architecture: str) -> str:
+        return self._entries[architecture][1]
+
+    def resolve(self, architecture: str) -> type:
+        """Import and return the class registered for ``architecture``."""
+        if architecture not in self._entries:
+            raise UnsupportedArchitectureError(
+                f"architecture {architecture!r} is not supported; supported: {', '.join(self.supported())}"
+            )
+        path, source = self._entries[architecture]
+        module_name, _, attr = path.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as error:
+            raise ModelRegistryError(f"{source} registers {architecture} as {path}, which cannot be imported: "
+                                     f"{error}") from error
+
+    def resolve_config(self, hf_config: Any) -> type:
+        """The class for the first architecture in ``hf_config.architectures`` that is registered."""
+        architectures = list(getattr(hf_config, "architectures", None) or [])
+        for architecture in architectures:
+            if architecture in self._entries:
+                return self.resolve(architecture)
+        named = ", ".join(architectures) or "none (config.json has no 'architectures')"
+        raise UnsupportedArchitectureError(
+            f"the checkpoint's architecture ({named}) is not supported; supported: {', '.join(self.supported())}"
+        )
+
+
+MODEL_REGISTRY = ModelRegistry()
+"""The process-wide registry the loader resolves models from."""
+
+
+def register(architecture: str, path: str, source: str = "a plugin") -> None:
+    """Add one architecture to the process-wide registry."""
+    MODEL_REGISTRY.register(architecture, path, source)
+
+
+def register_models(mapping: Mapping[str, str], source: str = "a plugin") -> None:
+    """Add a plugin's ``register_models`` hook result to the process-wide registry."""
+    MODEL_REGISTRY.register_all(mapping, source)
+
+
+def resolve_model_class(hf_config: Any) -> type:
+    """The model class for a Hugging Face config, from the process-wide registry."""
+    return MODEL_REGISTRY.resolve_config(hf_config)
