@@ -1,0 +1,100 @@
+"""The CPU platform: tuned for the host's instruction set, thread count and RAM."""
+
+from __future__ import annotations
+
+import platform as host
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+from tokenmill.plugin_api import DeviceInfo, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
+
+from tokenmill_cpu.capabilities import cpu_capabilities
+from tokenmill_cpu.cpuinfo import read_cpuinfo
+from tokenmill_cpu.host_memory import host_memory
+from tokenmill_cpu.isa import has_native_bf16, isa_features
+from tokenmill_cpu.threads import available_cpus, pin_threads
+
+KV_CACHE_FRACTION = 0.25  # of available RAM, when the user did not size the cache
+KV_CACHE_CAP = 32 << 30  # bytes; more only helps with very long contexts, which CPUs serve slowly
+
+
+def _unset(config: Mapping[str, Any], key: str) -> bool:
+    return config.get(key) in (None, "auto")
+
+
+class CpuPlatform(Platform):
+    """Any CPU. Always scores 50: above core's generic reference platform, below accelerators."""
+
+    name = "cpu"
+    device_type = "cpu"
+
+    cpuinfo_path = "/proc/cpuinfo"
+    meminfo_path = "/proc/meminfo"
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        """Read ``/proc/cpuinfo``, ``/proc/meminfo`` and the affinity mask; nothing is initialised."""
+        import torch
+
+        info = read_cpuinfo(cls.cpuinfo_path)
+        isa = isa_features(info.flags)
+        cpus = available_cpus()
+        cores = info.physical_cores(cpus)
+        torch_isa = torch.backends.cpu.get_cpu_capability()
+        dtype = "bfloat16" if has_native_bf16(isa) else "float32"
+        reasons = (
+            f"{host.machine()} CPU: {len(cpus)} logical CPUs on {cores} physical cores available",
+            f"ISA {', '.join(isa) or 'baseline'}; torch kernels {torch_isa}",
+            f"default dtype {dtype} ({'native' if dtype == 'bfloat16' else 'no native'} bf16 dot products)",
+        )
+        device = DeviceInfo(
+            index=0,
+            name=info.model_name or host.processor() or host.machine(),
+            total_memory=host_memory(cls.meminfo_path).total,
+            extra={"isa": " ".join(isa), "torch_cpu_capability": torch_isa, "physical_cores": str(cores)},
+        )
+        return ProbeResult(50, reasons, (device,))
+
+    @cached_property
+    def physical_cores(self) -> int:
+        """Physical cores among the CPUs this process may use."""
+        return read_cpuinfo(self.cpuinfo_path).physical_cores(available_cpus())
+
+    def activate(self) -> None:
+        """One torch thread per available physical core (hyper-threads only add contention in
+        matmul-bound code), unless ``OMP_NUM_THREADS`` says otherwise."""
+        if self.device_index != 0:
+            raise ValueError(f"the CPU platform has a single device (cpu), not cpu:{self.device_index}")
+        pin_threads(self.physical_cores)
+
+    @cached_property
+    def capabilities(self) -> PlatformCapabilities:
+        """Derived from the ``/proc/cpuinfo`` feature flags."""
+        return cpu_capabilities(isa_features(read_cpuinfo(self.cpuinfo_path).flags))
+
+    def memory_info(self) -> MemoryInfo:
+        """Total RAM and ``MemAvailable``."""
+        return host_memory(self.meminfo_path)
+
+    def attention_preference(self) -> tuple[str, ...]:
+        """The optimised CPU backend when installed, else the plain-PyTorch reference."""
+        return ("cpu", "reference")
+
+    def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and
+        one thread per physical core."""
+        overrides: dict[str, Any] = {}
+        if _unset(config, "dtype"):
+            overrides["dtype"] = self.capabilities.dtypes[0]
+        if _unset(config, "kv_cache_memory"):
+            overrides["kv_cache_memory"] = min(int(self.memory_info().free * KV_CACHE_FRACTION), KV_CACHE_CAP)
+        if _unset(config, "num_threads"):
+            overrides["num_threads"] = self.physical_cores
+        return overrides
+
+    def describe(self) -> str:
+        """``cpu (model, N cores, ISA)``."""
+        info = read_cpuinfo(self.cpuinfo_path)
+        isa = ", ".join(self.capabilities.isa) or "baseline ISA"
+        return f"cpu ({info.model_name or host.machine()}, {self.physical_cores} cores, {isa})"

@@ -1,0 +1,37 @@
+"""The testkit's pytest plugin (entry point ``pytest11``): a ``--tokenmill-device`` option and a
+header line listing the installed tokenmill plugins. Loaded by every pytest run in an environment
+that has the testkit, so it imports nothing heavy."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+
+GROUPS = ("tokenmill.platforms", "tokenmill.attention_backends", "tokenmill.quantizers", "tokenmill.plugins")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tokenmill", "tokenmill plugin conformance")
+    group.addoption(
+        "--tokenmill-device",
+        dest="tokenmill_device",
+        default=None,
+        metavar="DEVICE",
+        help="run the attention and quantizer conformance suites on this torch device (e.g. cuda:0) "
+        "instead of each suite's `device` attribute",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """``tokenmill plugins: cpu (tokenmill-cpu 0.1.0), ...``, read from metadata (nothing imported)."""
+    from tokenmill.plugin_api import PLUGIN_API_VERSION
+
+    seen = []
+    for group in GROUPS:
+        for entry_point in metadata.entry_points(group=group):
+            dist = entry_point.dist
+            source = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+            seen.append(f"{group.rsplit('.', 1)[1]}:{entry_point.name} ({source})")
+    api = ".".join(map(str, PLUGIN_API_VERSION))
+    return f"tokenmill plugin API {api}; plugins: {', '.join(seen) or 'none'}"
