@@ -30,8 +30,10 @@ def _dot(a, b, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     # Triton's interpreter multiplies bfloat16 operands as their raw 16-bit integers; widening them
     # to fp32 first is exact, so the product and fp32 accumulation match a bf16 tensor-core dot.
     if DOT_IN_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=INPUT_PRECISION)
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        product = tl.dot(a, b, input_precision=INPUT_PRECISION)
+    return product
 
 
 @triton.jit
