@@ -32,6 +32,7 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     arrival_time: float = 0.0
     priority: int = 0
     cache_salt: str | None = None
+    fork_of: str | None = None  # a sibling (n > 1) whose full prompt blocks this request may share
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

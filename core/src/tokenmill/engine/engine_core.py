@@ -1,0 +1,96 @@
+"""EngineCore: the busy part of the engine — schedule, execute, update — with no tokenizer.
+
+It receives tokenized requests (EngineCoreRequest) and emits token-level results
+(EngineCoreOutputs); detokenization and stop strings belong to the front end. It runs in the
+caller's process (LLM) or in its own process behind a ZMQ socket (the server).
+"""
+
+from __future__ import annotations
+
+import time
+
+from tokenmill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.request import Request, RequestStatus
+from tokenmill.runner.model_runner import ModelRunner
+from tokenmill.scheduler.scheduler import Scheduler
+
+
+class EngineCore:
+    """Owns the scheduler and the model runner; ``step`` is one iteration of the engine loop."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, on_request_finished=None, on_stop=None) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self._on_request_finished = on_request_finished
+        self._on_stop = on_stop
+        self._pending: list[EngineCoreOutput] = []  # results of aborts, sent with the next step
+
+    def add_request(self, message: EngineCoreRequest) -> None:
+        """Queue a request; raises ValueError when it can never run (too long for the cache)."""
+        self.scheduler.add_request(Request.from_engine_core_request(message), fork_of=message.fork_of)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests at any stage; each gets a final "abort" output at the next step."""
+        self._finish(request_ids, RequestStatus.FINISHED_ABORTED, None)
+
+    def finish_requests(self, request_ids: list[str], stop_reason: str | None) -> None:
+        """End requests the front end found finished (a stop string matched)."""
+        self._finish(request_ids, RequestStatus.FINISHED_STOPPED, stop_reason)
+
+    def _finish(self, request_ids: list[str], status: RequestStatus, stop_reason: str | None) -> None:
+        for request in self.scheduler.finish_requests(request_ids, status, stop_reason):
+            self._pending.append(EngineCoreOutput(request.request_id, [], finish_reason=request.finish_reason,
+                                                  stop_reason=request.stop_reason,
+                                                  num_cached_tokens=request.num_cached_tokens))
+            self._report_finished(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule one step, run the model on it, apply the sampled tokens; return what changed."""
+        outputs, self._pending = self._pending, []
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
+            result = self.runner.execute(scheduler_output)
+            for update in self.scheduler.update(scheduler_output, result.sampled_token_ids):
+                request = update.request
+                request_id = request.request_id
+                logprobs = result.logprobs.get(request_id)
+                outputs.append(EngineCoreOutput(
+                    request_id,
+                    update.new_token_ids,
+                    new_logprobs=logprobs[: len(update.new_token_ids)] if logprobs else None,
+                    prompt_logprobs=result.prompt_logprobs.get(request_id),
+                    finish_reason=request.finish_reason if update.finished else None,
+                    stop_reason=request.stop_reason if update.finished else None,
+                    num_cached_tokens=request.num_cached_tokens,
+                ))
+                if update.finished:
+                    self._report_finished(request)
+            for request_id, entries in result.prompt_logprobs.items():
+                if not any(o.request_id == request_id for o in outputs):
+                    outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=entries))
+        stats = self.scheduler.stats()
+        return EngineCoreOutputs(
+            outputs=outputs,
+            timestamp=time.time(),
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            kv_cache_usage=stats.kv_cache_usage,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            num_preemptions=stats.num_preemptions,
+        )
+
+    def _report_finished(self, request: Request) -> None:
+        if self._on_request_finished is not None:
+            self._on_request_finished(request_id=request.request_id, finish_reason=request.finish_reason,
+                                      num_prompt_tokens=request.num_prompt_tokens,
+                                      num_output_tokens=request.num_output_tokens)
+
+    def shutdown(self) -> None:
+        """Release the model's caches and tell plugins the engine stopped."""
+        self.runner.shutdown()
+        if self._on_stop is not None:
+            self._on_stop()

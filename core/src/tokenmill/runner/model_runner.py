@@ -1,0 +1,100 @@
+"""ModelRunner: runs one scheduled step on the model, hardware-neutrally.
+
+Per step: flatten the scheduled requests (StepInputs), let the attention backend plan once, run
+the model, take the logits of the rows that sample, and sample. The runner knows the platform
+only through its device and the attention backend it was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from tokenmill.engine.messages import LogprobsEntry
+from tokenmill.layers.context import AttentionContext
+from tokenmill.plugin_api import AttentionBackend, AttentionSpec
+from tokenmill.runner.step_inputs import StepInputBuilder
+from tokenmill.sampling.batch import SamplingBatch
+from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
+from tokenmill.sampling.sampler import Sampler
+from tokenmill.scheduler.output import SchedulerOutput
+
+
+@dataclass
+class RunnerOutput:
+    """Sampled tokens (and logprobs when asked) of one step, by request id."""
+
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[LogprobsEntry]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[LogprobsEntry | None]] = field(default_factory=dict)
+
+
+def kv_cache_bytes_per_block(specs: list[AttentionSpec], block_size: int, element_size: int) -> int:
+    """Bytes one block occupies across all layers (keys and values)."""
+    return sum(2 * block_size * s.num_kv_heads * s.head_size * element_size for s in specs)
+
+
+class ModelRunner:
+    """Holds the loaded model, the KV caches and the sampler; ``execute`` runs one step."""
+
+    def __init__(self, model: nn.Module, backend: AttentionBackend, *, num_blocks: int, block_size: int,
+                 max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, vocab_size: int,
+                 device: torch.device) -> None:
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.vocab_size = vocab_size
+        self.specs: list[AttentionSpec] = model.attention_specs()
+        self.kv_caches = [
+            torch.zeros(backend.kv_cache_shape(num_blocks, block_size, s.num_kv_heads, s.head_size),
+                        dtype=backend.kv_cache_torch_dtype(s), device=device)
+            for s in self.specs
+        ]
+        max_blocks_per_seq = -(-max_model_len // block_size)
+        self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        """Run the model on the step and sample for every request whose chunk ends its known tokens."""
+        if scheduler_output.finished_request_ids:
+            self.sampler.release(scheduler_output.finished_request_ids)
+        result = RunnerOutput()
+        if scheduler_output.is_empty:
+            return result
+        step = self.inputs.build(scheduler_output.scheduled)
+        metadata = self.backend.plan(step.attention)
+        ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
+        hidden = self.model(step.input_ids, step.positions, ctx)
+
+        for scheduled in scheduler_output.scheduled:
+            span = step.prompt_logprob_spans.get(scheduled.request_id)
+            if span is not None:
+                request = scheduled.request
+                logits = self.model.compute_logits(hidden[span[0]: span[1]])
+                result.prompt_logprobs[request.request_id] = prompt_logprobs_for_chunk(
+                    logits, request.prompt_token_ids, scheduled.start_position,
+                    request.sampling_params.prompt_logprobs)
+
+        if step.sample_requests:
+            logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
+            requests = [s.request for s in step.sample_requests]
+            batch = SamplingBatch.from_requests(requests, self.vocab_size, self.device)
+            sampled = self.sampler(logits, batch)
+            for request, token_id, logprobs in zip(requests, sampled.token_ids, sampled.logprobs, strict=True):
+                result.sampled_token_ids[request.request_id] = [token_id]
+                if logprobs is not None:
+                    result.logprobs[request.request_id] = [logprobs]
+        return result
+
+    def kv_cache_usage_bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.kv_caches)
+
+    def shutdown(self) -> None:
+        self.kv_caches.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return {"layers": len(self.specs), "kv_cache_bytes": self.kv_cache_usage_bytes()}
