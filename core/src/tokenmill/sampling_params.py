@@ -34,6 +34,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     bad_words: list[str] = field(default_factory=list)
+    # bad_words as token sequences; the front end fills it once per request (tokenizer.bad_words_token_ids)
+    bad_words_token_ids: list[list[int]] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     max_tokens: int | None = 16
@@ -53,6 +55,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.bad_words = list(self.bad_words or [])
+        if self.bad_words_token_ids is not None:
+            self.bad_words_token_ids = [[int(t) for t in word] for word in self.bad_words_token_ids]
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:
@@ -84,8 +88,24 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             check(self.prompt_logprobs >= 0, f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}.")
         check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings.")
+        check(self.detokenize or not self.stop, "stop strings are only supported when detokenize is True.")
+        if self.bad_words_token_ids is not None:
+            check(all(self.bad_words_token_ids), "bad_words_token_ids must not contain empty sequences.")
         if self.allowed_token_ids is not None:
             check(len(self.allowed_token_ids) > 0, "allowed_token_ids is not allowed to be empty.")
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Raise ValueError when a token id named in these params is outside ``[0, vocab_size)``."""
+        named = {
+            "logit_bias": list(self.logit_bias or ()),
+            "allowed_token_ids": self.allowed_token_ids or [],
+            "stop_token_ids": self.stop_token_ids,
+            "bad_words": [t for word in self.bad_words_token_ids or () for t in word],
+        }
+        for name, token_ids in named.items():
+            bad = [t for t in token_ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} contains token ids outside the vocabulary [0, {vocab_size}): {bad[:10]}.")
 
     @property
     def greedy(self) -> bool:

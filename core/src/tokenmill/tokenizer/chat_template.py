@@ -1,0 +1,50 @@
+"""Chat prompts: render a conversation with the model's chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class ChatTemplateError(ValueError):
+    """The model cannot render chat messages (it has no chat template) or the template failed."""
+
+
+def apply_chat_template(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    **template_kwargs: Any,
+) -> str:
+    """The prompt text for ``messages`` (``{"role", "content"}`` dicts), ending with the assistant
+    turn's opening when ``add_generation_prompt``. ``chat_template`` overrides the model's own.
+
+    The text already holds the template's special tokens (BOS, role markers): tokenize it with
+    ``add_special_tokens=False`` (``chat_prompt_token_ids`` does).
+    """
+    if not (chat_template or getattr(tokenizer, "chat_template", None)):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ChatTemplateError(
+            f"The tokenizer of {name} has no chat template, so chat messages cannot be turned into a prompt. "
+            "Pass a template (a Jinja string) explicitly, or use the plain completions API with a prompt."
+        )
+    try:
+        return tokenizer.apply_chat_template(
+            list(messages),
+            chat_template=chat_template,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **template_kwargs,
+        )
+    except Exception as error:  # jinja2 raises many types (TemplateError, TypeError, KeyError...)
+        raise ChatTemplateError(f"The chat template failed to render the messages: {error}") from error
+
+
+def chat_prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
+    """The rendered prompt text and its token ids (see ``apply_chat_template`` for ``kwargs``)."""
+    text = apply_chat_template(tokenizer, messages, **kwargs)
+    return text, list(tokenizer.encode(text, add_special_tokens=False))
