@@ -9,7 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from tokenmill.cli.main import main, version_line
 from tokenmill.plugin_api import DeviceInfo, Platform, PlatformCapabilities, ProbeResult, hookimpl
 

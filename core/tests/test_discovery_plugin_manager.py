@@ -4,7 +4,6 @@
 from types import SimpleNamespace
 
 import pytest
-
 from tokenmill.discovery import (
     PluginConflictError,
     PluginRegistry,

@@ -4,7 +4,6 @@ import textwrap
 from importlib.metadata import EntryPoint
 
 import pytest
-
 from tokenmill.discovery import PluginRegistry, PluginStatus, SelectionError, select_platform
 from tokenmill.plugin_api import DeviceInfo, Platform, PlatformCapabilities, ProbeResult
 

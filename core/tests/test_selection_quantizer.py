@@ -2,9 +2,8 @@
 the per-layer kernel choice with the platform's kernel preference and recorded rejections."""
 
 import pytest
-
 from tokenmill.discovery import PluginRegistry, SelectionError, select_kernel, select_quantizer
-from tokenmill.plugin_api import LinearSpec, Platform, PlatformCapabilities, ProbeResult, QuantKernel, Quantizer
+from tokenmill.plugin_api import LinearSpec, Platform, PlatformCapabilities, ProbeResult, Quantizer, QuantKernel
 
 
 def kernel(name, reason=None):

@@ -4,7 +4,6 @@ checkpoint config, and the rendered startup report."""
 import json
 
 import pytest
-
 from tokenmill.discovery import ModelDescription, PluginRegistry, SelectionError, SelectionRequest, select
 from tokenmill.plugin_api import (
     AttentionBackend,
@@ -13,8 +12,8 @@ from tokenmill.plugin_api import (
     Platform,
     PlatformCapabilities,
     ProbeResult,
-    QuantKernel,
     Quantizer,
+    QuantKernel,
 )
 
 CONFIG = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 64, "intermediate_size": 96,

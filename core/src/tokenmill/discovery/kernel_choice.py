@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from tokenmill.discovery.rejection import Rejection
 from tokenmill.discovery.selection_error import SelectionError
-from tokenmill.plugin_api import LinearSpec, Platform, QuantKernel, Quantizer
+from tokenmill.plugin_api import LinearSpec, Platform, Quantizer, QuantKernel
 
 
 @dataclass

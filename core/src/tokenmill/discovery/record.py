@@ -14,7 +14,7 @@ KINDS: tuple[str, ...] = tuple(ENTRY_POINT_GROUPS)
 CORE_DISTRIBUTION = "tokenmill"
 
 
-class PluginStatus(str, enum.Enum):
+class PluginStatus(str, enum.Enum):  # noqa: UP042 (StrEnum needs Python 3.11; core supports 3.10)
     """Whether a discovered plugin can take part in selection, and if not, why not."""
 
     AVAILABLE = "available"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tokenmill.discovery.attention_choice import select_attention_backend
 from tokenmill.discovery.kernel_choice import select_kernel
 from tokenmill.discovery.model_description import ModelDescription
-from tokenmill.discovery.platform_choice import select_platform
+from tokenmill.discovery.platform_choice import BROKEN, select_platform
 from tokenmill.discovery.quantizer_choice import select_quantizer
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.report import SelectionReport
@@ -47,8 +47,8 @@ def resolve_dtype(requested: str, checkpoint_dtype: str | None, caps: PlatformCa
     if checkpoint_dtype in caps.dtypes:
         return checkpoint_dtype, "the checkpoint's dtype"
     if checkpoint_dtype:
-        return caps.dtypes[0], f"the platform's default (the checkpoint's {checkpoint_dtype} is not supported here)"
-    return caps.dtypes[0], "the platform's default (the checkpoint names no dtype)"
+        return caps.dtypes[0], f"platform default; the checkpoint's {checkpoint_dtype} is not computed here"
+    return caps.dtypes[0], "platform default; the checkpoint names no dtype"
 
 
 def select(registry: PluginRegistry, request: SelectionRequest, model: ModelDescription | None = None,
@@ -91,7 +91,7 @@ def _broken_plugin_warnings(registry: PluginRegistry) -> list[str]:
     warnings = []
     for kind in ("attention_backend", "quantizer", "plugin"):
         for record in registry.records(kind):
-            if record.status.value in ("failed", "incompatible"):
+            if record.status in BROKEN:
                 warnings.append(f"{kind.replace('_', ' ')} plugin '{record.name}' ({record.source}) is "
                                 f"{record.status.value}: {record.reason}")
     return warnings
