@@ -96,3 +96,9 @@ def test_builtins_are_registered_first_under_their_module_names():
     registry = PluginRegistry.make_test_instance(include_core=False)
     manager = build_plugin_manager(registry, builtins=["tokenmill.cli.env_command"])
     assert manager.has_plugin("tokenmill.cli.env_command")
+
+
+def test_one_module_behind_two_entry_points_is_registered_once():
+    shared = plugin(on_engine_stop=lambda: None)
+    _, manager = manager_for({"first": shared, "second": shared})
+    assert [name for name, _ in manager.list_name_plugin()] == ["first"]

@@ -41,7 +41,8 @@ def build_plugin_manager(registry: PluginRegistry, builtins: Iterable[str] = ())
     for module_name in builtins:
         manager.register(importlib.import_module(module_name), name=module_name)
     for record in sorted(registry.available("plugin"), key=lambda r: r.name):
-        manager.register(record.obj, name=record.name)
+        if not manager.is_registered(record.obj):  # two entry points may name one module
+            manager.register(record.obj, name=record.name)
     manager.check_pending()
     return manager
 
