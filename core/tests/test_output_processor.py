@@ -130,12 +130,16 @@ def test_eos_text_is_left_out_unless_stop_strings_are_included(tokenizer, ids):
 def test_logprobs_become_dicts_with_token_texts_and_sum_up(tokenizer, ids):
     processor = OutputProcessor()
     add(processor, tokenizer, logprobs=1, prompt_logprobs=1, prompt_ids=ids[:3])
-    entries = [LogprobsEntry([t, t, 7], [-0.5 * (i + 1), -0.5 * (i + 1), -3.0], [1, 1, 2]) for i, t in enumerate(ids[3:6])]
+    entries = [
+        LogprobsEntry([t, t, 7], [-0.5 * (i + 1), -0.5 * (i + 1), -3.0], [1, 1, 2]) for i, t in enumerate(ids[3:6])
+    ]
     prompt_entries = [None, LogprobsEntry([ids[1], 9], [-1.0, -0.1], [4, 1]), LogprobsEntry([ids[2]], [-2.0], [3])]
     first = EngineCoreOutput("r", [ids[3]], new_logprobs=entries[:1], prompt_logprobs=prompt_entries)
     (output,), _ = processor.process([first])
     assert output.prompt_logprobs[0] is None
-    assert output.prompt_logprobs[1][ids[1]].rank == 4 and output.prompt_logprobs[1][9].decoded_token == tokenizer.decode([9])
+    assert output.prompt_logprobs[1][ids[1]].rank == 4 and output.prompt_logprobs[1][
+        9
+    ].decoded_token == tokenizer.decode([9])
     rest = EngineCoreOutput("r", ids[4:6], new_logprobs=entries[1:], finish_reason="length")
     (output,), _ = processor.process([rest])
     completion = output.outputs[0]
@@ -159,7 +163,9 @@ def test_parallel_sampling_aggregates_children(tokenizer, ids):
     assert first.request_id == "r" and not first.finished
     assert [(c.index, c.text) for c in first.outputs] == [(0, "Hello world"), (1, tokenizer.decode(ids[5:6]))]
     (second,), _ = processor.process([EngineCoreOutput("0_r", ids[2:3], finish_reason="length")])
-    assert not second.finished and second.outputs[0].finish_reason == "length" and second.outputs[1].finish_reason is None
+    assert (
+        not second.finished and second.outputs[0].finish_reason == "length" and second.outputs[1].finish_reason is None
+    )
     (last,), _ = processor.process([EngineCoreOutput("1_r", ids[6:7], finish_reason="stop")])
     assert last.finished and [c.finished() for c in last.outputs] == [True, True]
     assert not processor.has_unfinished_requests()
@@ -216,3 +222,11 @@ def test_without_detokenizing_only_token_ids_come_back(ids):
     outputs, _ = run(processor, "r", ids[:4])
     completion = outputs[-1][0].outputs[0]
     assert completion.text == "" and completion.token_ids == ids[:4]
+
+
+def test_bad_words_are_tokenized_for_the_engine(tokenizer):
+    processor = OutputProcessor()
+    ((_, params),) = add(processor, tokenizer, bad_words=["world"])
+    assert tokenizer.encode(" world", add_special_tokens=False) in params.bad_words_token_ids
+    with pytest.raises(ValueError, match="bad_words need a tokenizer"):
+        processor.add_request("s", None, [1], SamplingParams(bad_words=["x"]), tokenizer=None)

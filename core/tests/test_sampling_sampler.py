@@ -28,10 +28,10 @@ def sample(logits, requests, sampler=None):
     return (sampler or Sampler())(logits, batch)
 
 
-def distinct_logits(rows, vocab=VOCAB, seed=0):
+def distinct_logits(rows, vocab=VOCAB, seed=0, step=0.37):
     """Random logits without ties (so every mask and rank has one right answer)."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.randperm(vocab, generator=generator).float() * 0.37 - 5.0 for _ in range(rows)])
+    return torch.stack([torch.randperm(vocab, generator=generator).float() * step - 5.0 for _ in range(rows)])
 
 
 def test_greedy_is_argmax_and_all_greedy_batch_is_plain():
@@ -54,9 +54,13 @@ def test_greedy_rows_ignore_truncation_but_see_penalties_and_bias():
     assert banned.token_ids == [int(logits[0].topk(2).indices[1])]
 
 
-def test_top_k_top_p_min_p_masks_match_reference():
-    logits = distinct_logits(6, vocab=50, seed=3)
-    top_k = torch.tensor([1, 5, 50, 17, 50, 3])
+@pytest.mark.parametrize(
+    "vocab, step",
+    [(50, 0.37), (3000, 0.01), (3000, 0.0005)],  # full sort; top_p within the best 1024; flat: falls back to a sort
+)
+def test_top_k_top_p_masks_match_reference(vocab, step):
+    logits = distinct_logits(6, vocab=vocab, seed=3, step=step)
+    top_k = torch.tensor([1, 5, vocab, 17, vocab, 3])
     top_p = torch.tensor([1.0, 0.5, 0.9, 0.3, 1.0, 0.05])
     got = apply_top_k_top_p(logits, top_k, top_p, max_top_k=17)
     for row in range(6):
@@ -66,11 +70,18 @@ def test_top_k_top_p_min_p_masks_match_reference():
         assert torch.equal(got[row][finite], logits[row][finite])
 
     only_k = apply_top_k_top_p(logits, top_k, None, max_top_k=17)
+    only_p = apply_top_k_top_p(logits, None, top_p)
     for row in range(6):
         assert set(torch.isfinite(only_k[row]).nonzero().flatten().tolist()) == _reference_top_k_top_p(
             logits[row], int(top_k[row]), 1.0
         )
+        assert set(torch.isfinite(only_p[row]).nonzero().flatten().tolist()) == _reference_top_k_top_p(
+            logits[row], vocab, float(top_p[row])
+        )
 
+
+def test_min_p_mask_matches_reference():
+    logits = distinct_logits(6, vocab=50, seed=3)
     min_p = torch.tensor([0.0, 0.1, 0.5, 1.0, 0.01, 0.3])
     got = apply_min_p(logits, min_p)
     probs = torch.softmax(logits, -1)
@@ -230,7 +241,9 @@ def test_release_forgets_generators():
     assert first == again
 
 
-@pytest.mark.parametrize("params", [dict(), dict(temperature=0.5), dict(top_k=3), dict(top_p=0.8)])
+@pytest.mark.parametrize(
+    "params", [dict(), dict(temperature=0.5), dict(top_k=3), dict(top_p=0.8), dict(seeded=True, min_p=0.2)]
+)
 def test_sampling_distribution_matches_the_processed_probabilities(params):
     torch.manual_seed(0)
     base = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0])
@@ -240,9 +253,13 @@ def test_sampling_distribution_matches_the_processed_probabilities(params):
     if "top_p" in params:
         keep = (expected.cumsum(0) - expected) < params["top_p"]
         expected = expected * keep
+    if "min_p" in params:
+        expected = expected * (expected >= params["min_p"] * expected.max())
     expected = expected / expected.sum()
     draws = 20000
-    requests = [make_request(f"r{i}", **params) for i in range(draws)]
+    params = dict(params)
+    seeded = params.pop("seeded", False)
+    requests = [make_request(f"r{i}", seed=i if seeded else None, **params) for i in range(draws)]
     out = sample(base.repeat(draws, 1), requests)
     counts = torch.bincount(torch.tensor(out.token_ids), minlength=8).float()
     assert counts[expected == 0].sum() == 0

@@ -14,6 +14,7 @@ from typing import Any
 from tokenmill.engine.messages import EngineCoreOutput, LogprobsEntry
 from tokenmill.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput, SampleLogprobs
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+from tokenmill.tokenizer.bad_words import bad_words_token_ids
 from tokenmill.tokenizer.detokenizer import IncrementalDetokenizer, token_texts
 from tokenmill.tokenizer.stop_strings import find_stop_string, stop_holdback
 
@@ -49,12 +50,19 @@ class OutputProcessor:
 
         Children of a parallel-sampling request get ids ``child_request_id(i, request_id)``, seeds
         ``seed + i``, prompt logprobs only on child 0, and logprobs=0 when ``best_of`` > ``n`` and
-        the user asked for none, so their cumulative logprobs can be ranked at the end.
+        the user asked for none, so their cumulative logprobs can be ranked at the end. ``bad_words``
+        not yet tokenized are tokenized here (``bad_words_token_ids``), since the sampler has no tokenizer.
         """
         if request_id in self._requests:
             raise ValueError(f"Request id {request_id!r} is already running.")
         if tokenizer is None and sampling_params.detokenize and sampling_params.stop:
             raise ValueError("Stop strings need a tokenizer to detokenize the output.")
+        if sampling_params.bad_words and sampling_params.bad_words_token_ids is None:
+            if tokenizer is None:
+                raise ValueError("bad_words need a tokenizer; pass bad_words_token_ids instead.")
+            sampling_params = sampling_params.clone(
+                bad_words_token_ids=bad_words_token_ids(tokenizer, sampling_params.bad_words)
+            )
         request = _Request(request_id, prompt, list(prompt_token_ids), sampling_params, tokenizer, arrival_time)
         candidates = sampling_params.num_candidates
         engine_requests = []

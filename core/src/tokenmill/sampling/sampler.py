@@ -84,18 +84,20 @@ class Sampler:
         return sampled
 
     def _exponentials(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        q = torch.empty_like(probs)
+        """Exp(1) noise, one value per token, as -log(U): on CPUs uniform_ + log beats exponential_."""
+        uniform = torch.empty_like(probs)
         seeded_rows = [row for row, seed in enumerate(batch.seeds) if seed is not None]
         if len(seeded_rows) < batch.num_rows:
-            q.exponential_()  # unseeded rows share the device's default generator
+            uniform.uniform_()  # unseeded rows share the device's default generator
         for row in seeded_rows:
             generator = self._generator(batch.request_ids[row], batch.seeds[row], probs.device)
             if generator.device == probs.device:
-                q[row].exponential_(generator=generator)
+                uniform[row].uniform_(generator=generator)
             else:
-                q[row] = torch.empty(probs.shape[1]).exponential_(generator=generator).to(probs.device)
-        # Exp(1) can return exactly 0; a tiny floor keeps probs / q finite and masked tokens at 0
-        return q.clamp_min_(torch.finfo(q.dtype).tiny)
+                uniform[row] = torch.empty(probs.shape[1]).uniform_(generator=generator).to(probs.device)
+        # U in [0, 1) gives q in (0, inf]; the floor guards a device whose uniform_ can return 1.0,
+        # so probs / q is never NaN and masked tokens (probability 0) can never win
+        return uniform.log_().neg_().clamp_min_(torch.finfo(probs.dtype).tiny)
 
     def _generator(self, request_id: str, seed: int, device: torch.device) -> torch.Generator:
         generator = self._generators.get(request_id)
