@@ -72,10 +72,12 @@ class AttentionBatch:
 
     @property
     def num_requests(self) -> int:
+        """How many requests the step holds."""
         return len(self.seq_lens_cpu)
 
     @property
     def is_pure_decode(self) -> bool:
+        """True when every request feeds exactly one token (a decode-only step)."""
         return self.max_query_len == 1
 
 

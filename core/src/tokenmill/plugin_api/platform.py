@@ -54,6 +54,7 @@ class ProbeResult:
 
     @property
     def available(self) -> bool:
+        """Whether the platform can run here at all (score above 0)."""
         return self.score > 0
 
 
