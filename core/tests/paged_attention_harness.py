@@ -83,15 +83,15 @@ class PagedHarness:
         )
         return Step(tensor(ids, torch.int64), tensor(positions, torch.int64), batch, rows)
 
-    def allocate_caches(self, backend: AttentionBackend, specs: Sequence[AttentionSpec],
-                        fill: float = float("nan")) -> list[torch.Tensor]:
-        """One cache per layer, filled with ``fill`` (NaN by default: never-written slots must
-        never reach an output)."""
+    def allocate_caches(self, backend: AttentionBackend, specs: Sequence[AttentionSpec]) -> list[torch.Tensor]:
+        """One cache per layer, filled with large finite garbage (as stale blocks of finished
+        requests would be): slots a step must not read then spoil any output that reads them."""
+        gen = torch.Generator(device="cpu").manual_seed(1234)
         caches = []
         for spec in specs:
             shape = backend.kv_cache_shape(self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_size)
-            dtype = backend.kv_cache_torch_dtype(spec)
-            caches.append(torch.full(shape, fill, dtype=torch.float32, device=self.device).to(dtype))
+            garbage = (torch.randn(shape, generator=gen) * 100).clamp(-400, 400)
+            caches.append(garbage.to(device=self.device, dtype=backend.kv_cache_torch_dtype(spec)))
         return caches
 
     def context(self, backend: AttentionBackend, caches: list[torch.Tensor], step: Step) -> AttentionContext:

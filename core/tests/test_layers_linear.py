@@ -101,7 +101,7 @@ def test_packed_and_per_shard_parameters():
 
 def test_shard_shape_mismatch_and_pack_misalignment_are_reported():
     layer = ModelBuildContext(quantizer=ToyPacked()).linear("gate_up_proj", 4, (6, 6))
-    with pytest.raises(ValueError, match=r"checkpoint shape \(4, 4\) does not fit the parameter's \(3, 4\) \(shard 1\)"):
+    with pytest.raises(ValueError, match=r"shape \(4, 4\) does not fit the parameter's \(3, 4\) \(shard 1\)"):
         layer.load_weight("qweight", torch.zeros(4, 4, dtype=torch.int32), 1)
     odd = ModelBuildContext(quantizer=ToyPacked()).linear("qkv", 4, (3, 3))
     with pytest.raises(ValueError, match="pack factor 2"):

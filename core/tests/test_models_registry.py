@@ -10,7 +10,8 @@ from tokenmill.models.registry import ModelRegistry, ModelRegistryError, Unsuppo
 
 def test_builtin_architectures_resolve_lazily():
     registry = ModelRegistry()
-    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} <= set(registry.supported())
+    builtin = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+    assert builtin <= set(registry.supported())
     assert registry.resolve("MistralForCausalLM") is MistralForCausalLM
     config = SimpleNamespace(architectures=["SomethingElse", "LlamaForCausalLM"])
     assert registry.resolve_config(config) is LlamaForCausalLM

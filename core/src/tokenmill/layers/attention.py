@@ -28,4 +28,5 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         s = self.spec
         extra = f", sliding_window={s.sliding_window}" if s.sliding_window else ""
-        return f"layer={self.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_size={s.head_size}{extra}"
+        heads = f"heads={s.num_heads}, kv_heads={s.num_kv_heads}, head_size={s.head_size}"
+        return f"layer={self.layer_index}, {heads}{extra}"

@@ -68,7 +68,7 @@ class SafetensorsCheckpoint:
 
         for file in self.files:
             with safe_open(str(file), framework="pt", device="cpu") as handle:
-                for name in handle.keys():  # noqa: SIM118 -- safe_open is not a Mapping
+                for name in handle.keys():
                     yield name, handle.get_tensor(name)
 
     def names(self) -> list[str]:

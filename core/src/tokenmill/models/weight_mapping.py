@@ -73,7 +73,8 @@ def load_checkpoint_weights(model: nn.Module, weights: Iterable[tuple[str, torch
             else:
                 raise ValueError(f"{module_path} is not a fused linear layer")
         except (ValueError, KeyError) as error:
-            raise CheckpointMismatchError(f"checkpoint tensor {name!r} cannot be loaded into {target}: {error}") from error
+            message = f"checkpoint tensor {name!r} cannot be loaded into {target}: {error}"
+            raise CheckpointMismatchError(message) from error
         shards[target].add(shard)
     if unexpected:
         shown = ", ".join(unexpected[:8]) + (" ..." if len(unexpected) > 8 else "")

@@ -3,13 +3,16 @@
 It is the correctness oracle for every other backend, the path of last resort, and for now the
 default on the CPU, so it avoids per-request Python loops in the layers. ``plan`` splits the step
 into at most two groups, the decodes (one query each) and the prefill chunks, and precomputes for
-each group the cache slots of every key position ([requests, max_seq_len]) and where its tokens
-sit in a padded [requests, max_query_len] query block. ``forward`` then gathers K/V from the cache
-and runs one batched ``scaled_dot_product_attention`` per group; masks (causal with each
-request's offset, sequence length, sliding window) are built once per step and window size.
+each group the cache blocks to read ([requests, blocks]) and where its tokens sit in a padded
+[requests, max_query_len] query block. ``forward`` then gathers K/V blocks from the cache (a
+prefill with nothing cached uses its own K/V directly) and runs one batched
+``scaled_dot_product_attention`` per group; masks (causal with each request's offset, sequence
+length, sliding window) are built once per step and window size.
 Logits soft-capping takes an explicit matmul / tanh / softmax path.
 
 An fp8 cache stores keys and values cast to float8 with a scale of 1.0 (clamped to its range).
+Masked keys are read too (whole blocks are copied), so cache memory must never hold NaN or inf:
+allocate caches with ``torch.zeros``, not ``torch.empty``.
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ class AttentionGroup:
     max_seq_len: int
     token_index: torch.Tensor | None
     pad_index: torch.Tensor | None
-    kv_index: torch.Tensor  # int64 [requests, max_seq_len]: cache slot of every key position
-    seq_lens: torch.Tensor  # int64 [requests]
+    block_index: torch.Tensor  # int64 [requests, ceil(max_seq_len / block_size)]: the blocks to read
     query_positions: torch.Tensor  # int64 [requests, max_query_len]; padding rows repeat the last
-    plain_causal: bool  # no cached prefix, equal lengths: top-left causal mask is exact
+    fresh: bool  # prefill with nothing cached before this step: its own keys are all the keys
+    plain_causal: bool  # fresh and equal lengths: the top-left causal mask is exact
     uniform_lengths: bool  # decode group whose requests all have max_seq_len keys
     _masks: dict[tuple[int | None, bool], torch.Tensor | None] = field(default_factory=dict)
 
@@ -56,7 +59,7 @@ class AttentionGroup:
     def _build_mask(self, window: int | None, explicit: bool) -> torch.Tensor | None:
         if window is None and not explicit and (self.plain_causal or self.uniform_lengths):
             return None
-        keys = torch.arange(self.max_seq_len, device=self.kv_index.device)
+        keys = torch.arange(self.max_seq_len, device=self.block_index.device)
         queries = self.query_positions[:, :, None]
         allowed = keys <= queries
         if window is not None:
@@ -79,6 +82,7 @@ def _plan_group(batch: AttentionBatch, requests: list[int], token_starts: list[i
     seq_lens = [batch.seq_lens_cpu[i] for i in requests]
     max_q, max_s = max(query_lens), max(seq_lens)
     context_lens = [s - q for s, q in zip(seq_lens, query_lens, strict=True)]
+    fresh = max_q > 1 and not any(context_lens)
 
     token_index = pad_index = None
     if not all_requests:
@@ -88,30 +92,35 @@ def _plan_group(batch: AttentionBatch, requests: list[int], token_starts: list[i
         pad_index = torch.cat([torch.arange(q) + row * max_q for row, q in enumerate(query_lens)]).to(device)
 
     rows = torch.tensor(requests, device=device) if not all_requests else slice(None)
-    block_tables = batch.block_tables[rows].long()
-    bs = batch.block_size
-    positions = torch.arange(max_s, device=device)
-    kv_index = block_tables[:, positions // bs] * bs + positions % bs
+    num_blocks = -(-max_s // batch.block_size)
+    block_index = batch.block_tables[rows, :num_blocks].to(torch.int64).contiguous()
     lens = torch.tensor(seq_lens, dtype=torch.int64)
-    lens_device = lens.to(device)
-    # key positions past a request's length read its position 0, a slot that surely holds a
-    # written (finite) value: masked keys then cannot leak NaN from never-written cache memory
-    kv_index = torch.where(positions < lens_device[:, None], kv_index, kv_index[:, :1])
 
     starts = torch.tensor(context_lens, dtype=torch.int64)
     query_positions = torch.minimum(starts[:, None] + torch.arange(max_q), lens[:, None] - 1)
     return AttentionGroup(
         num_requests=len(requests), max_query_len=max_q, max_seq_len=max_s, token_index=token_index,
-        pad_index=pad_index, kv_index=kv_index, seq_lens=lens_device, query_positions=query_positions.to(device),
-        plain_causal=max_q > 1 and all(c == 0 for c in context_lens) and all(q == max_q for q in query_lens),
+        pad_index=pad_index, block_index=block_index, query_positions=query_positions.to(device),
+        fresh=fresh, plain_causal=fresh and all(q == max_q for q in query_lens),
         uniform_lengths=max_q == 1 and all(s == max_s for s in seq_lens),
     )
 
 
-def _gather(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[requests, seq, kv_heads, head] from the flat [slots, kv_heads, head] cache ->
-    [requests, kv_heads, seq, head] in ``dtype``."""
-    return cache[index].to(dtype).transpose(1, 2)
+def _gather(blocks: torch.Tensor, group: AttentionGroup, spec: AttentionSpec, dtype: torch.dtype) -> torch.Tensor:
+    """Whole blocks [num_blocks, block_size * kv_heads * head] of one cache half ->
+    [requests, kv_heads, max_seq_len, head] in ``dtype`` (copying blocks, not slots, is faster)."""
+    picked = blocks.index_select(0, group.block_index.view(-1))
+    picked = picked.view(group.num_requests, -1, spec.num_kv_heads, spec.head_size)
+    return picked[:, : group.max_seq_len].to(dtype).transpose(1, 2)
+
+
+def _pad(x: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """The group's tokens [n, heads, D] -> [requests, heads, max_query_len, D], zero-padded."""
+    if group.pad_index is not None:
+        padded = x.new_zeros(group.num_requests * group.max_query_len, *x.shape[1:])
+        padded[group.pad_index] = x
+        x = padded
+    return x.reshape(group.num_requests, group.max_query_len, *x.shape[1:]).transpose(1, 2)
 
 
 def _softcap_attention(q, k, v, mask, spec: AttentionSpec) -> torch.Tensor:
@@ -177,13 +186,14 @@ class ReferenceAttentionBackend(AttentionBackend):
                 kv_cache: torch.Tensor, metadata: ReferenceAttentionMetadata) -> torch.Tensor:
         """Write ``key``/``value`` at the slot mapping, then attend every query token to its own
         request's keys up to its position. Returns [T, num_heads, head_size]."""
-        flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
-        self._write(flat, key, value, metadata.slot_mapping)
+        self._write(kv_cache.view(2, -1, *kv_cache.shape[-2:]), key, value, metadata.slot_mapping)
+        blocks = kv_cache.view(2, kv_cache.shape[1], -1)
         if len(metadata.groups) == 1 and metadata.groups[0].token_index is None:
-            return self._attend(spec, query, flat, metadata.groups[0])
+            return self._attend(spec, query, key, value, blocks, metadata.groups[0])
         out = torch.empty_like(query)
         for group in metadata.groups:
-            out[group.token_index] = self._attend(spec, query[group.token_index], flat, group)
+            index = group.token_index
+            out[index] = self._attend(spec, query[index], key[index], value[index], blocks, group)
         return out
 
     @staticmethod
@@ -197,23 +207,20 @@ class ReferenceAttentionBackend(AttentionBackend):
         flat[0].index_copy_(0, slots, key.to(flat.dtype))
         flat[1].index_copy_(0, slots, value.to(flat.dtype))
 
-    def _attend(self, spec: AttentionSpec, query: torch.Tensor, flat: torch.Tensor,
-                group: AttentionGroup) -> torch.Tensor:
-        """``query`` [n, H, D]: the group's tokens in order -> [n, H, D]."""
-        b, lq, h, d = group.num_requests, group.max_query_len, query.shape[1], query.shape[2]
-        if group.pad_index is None:
-            q = query.view(b, lq, h, d)
+    def _attend(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                blocks: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+        """The group's tokens in order, ``query`` [n, H, D] and this step's ``key``/``value``
+        [n, KVH, D] -> [n, H, D]."""
+        q = _pad(query, group)
+        if group.fresh and blocks.dtype == query.dtype:
+            k, v = _pad(key, group), _pad(value, group)
         else:
-            q = query.new_zeros(b * lq, h, d)
-            q[group.pad_index] = query
-            q = q.view(b, lq, h, d)
-        q = q.transpose(1, 2)
-        k = _gather(flat[0], group.kv_index, query.dtype)
-        v = _gather(flat[1], group.kv_index, query.dtype)
+            k = _gather(blocks[0], group, spec, query.dtype)
+            v = _gather(blocks[1], group, spec, query.dtype)
         if spec.logits_soft_cap:
             out = _softcap_attention(q, k, v, group.mask(spec.sliding_window, explicit=True), spec)
         else:
             mask = group.mask(spec.sliding_window)
             out = _sdpa(q, k, v, mask, is_causal=mask is None and group.plain_causal, spec=spec)
-        out = out.transpose(1, 2).reshape(b * lq, h, d)
+        out = out.transpose(1, 2).reshape(-1, *query.shape[1:])
         return out if group.pad_index is None else out[group.pad_index]
