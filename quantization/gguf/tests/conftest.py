@@ -86,6 +86,7 @@ def hf_model_to_gguf(model, path, arch: str, qtype: gguf.GGMLQuantizationType) -
             values = values + 1
         tensors[name] = (encode_tensor(values, qtype, rng), qtype) if values.ndim == 2 else (values, None)
     prefix = arch
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     metadata = {
         f"{prefix}.context_length": config.max_position_embeddings,
         f"{prefix}.embedding_length": config.hidden_size,
@@ -96,12 +97,12 @@ def hf_model_to_gguf(model, path, arch: str, qtype: gguf.GGMLQuantizationType) -
         f"{prefix}.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
         f"{prefix}.rope.freq_base": float(getattr(config, "rope_theta", None) or 10000.0),
         f"{prefix}.vocab_size": config.vocab_size,
-        f"{prefix}.attention.key_length": config.head_dim,
-        f"{prefix}.attention.value_length": config.head_dim,
+        f"{prefix}.attention.key_length": head_dim,
+        f"{prefix}.attention.value_length": head_dim,
         "general.name": f"tiny-{arch}",
     }
     if arch == "llama":
-        metadata[f"{prefix}.rope.dimension_count"] = config.head_dim
+        metadata[f"{prefix}.rope.dimension_count"] = head_dim
     return write_gguf(path, tensors, arch, metadata)
 
 

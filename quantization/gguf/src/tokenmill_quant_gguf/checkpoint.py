@@ -17,15 +17,7 @@ from tokenmill_quant_gguf import tensor_names
 from tokenmill_quant_gguf.dequantize import dequantize
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.gguf_file import GGUFFile
-
-_CAUSAL_LM_CLASSES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-}
+from tokenmill_quant_gguf.hf_config import hf_config_from_gguf
 
 
 def find_gguf_file(model_path: str) -> str:
@@ -60,25 +52,12 @@ class GGUFCheckpoint:
             if hf is not None:
                 self._hf_names[name] = hf
         self._gguf_names = {hf: name for name, hf in self._hf_names.items()}
-        self._group_widths: dict[str, int] = {}
-        for name, info in self.file.tensors.items():
-            group = tensor_names.fusion_group(name)
-            width = info.ggml_type.row_bytes(info.shape[-1])
-            self._group_widths[group] = max(width, self._group_widths.get(group, 0))
 
     # -- the model as transformers sees it -------------------------------------------------------
 
     def hf_config(self) -> dict[str, Any]:
-        """The transformers config dict, as transformers derives it from the GGUF metadata."""
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-        config = dict(load_gguf_checkpoint(self.path, return_tensors=False)["config"])
-        model_type = config.get("model_type")
-        if model_type not in _CAUSAL_LM_CLASSES:
-            raise ValueError(f"{self.path}: transformers maps this GGUF to model type {model_type!r}, not supported")
-        config.pop("_model_name_or_path", None)
-        config["architectures"] = [_CAUSAL_LM_CLASSES[model_type]]
-        return config
+        """The transformers config dict, derived from the metadata as transformers derives it."""
+        return hf_config_from_gguf(self.file)
 
     def tokenizer(self) -> Any:
         """The Hugging Face fast tokenizer (with the chat template) stored in the GGUF metadata."""
@@ -107,21 +86,12 @@ class GGUFCheckpoint:
             values = values - 1
         return self._unpermute(gguf_name, values)
 
-    def packed_row_bytes(self, gguf_name: str) -> int:
-        """Bytes per row of the packed form: the widest row among the tensors a model may fuse with
-        this one, so fused shards of different ggml types fit one ``[out, row_bytes]`` parameter."""
-        return self._group_widths[tensor_names.fusion_group(gguf_name)]
-
     def packed(self, gguf_name: str) -> torch.Tensor:
-        """The raw ggml blocks of a 2-D tensor as uint8 ``[rows, packed_row_bytes]`` (zero-padded), in
-        Hugging Face row order. Rows are independent block sequences, so un-permuting rows commutes
-        with dequantization."""
+        """The raw ggml blocks of a 2-D tensor as uint8 ``[rows, row_bytes]`` in Hugging Face row order.
+        Rows are independent block sequences, so un-permuting rows commutes with dequantization."""
         raw = self.file.raw(gguf_name)
         if raw.dim() != 2:
             raise ValueError(f"{self.path}: tensor {gguf_name!r} is not a matrix, cannot be packed")
-        width = self.packed_row_bytes(gguf_name)
-        if width != raw.shape[1]:
-            raw = torch.nn.functional.pad(raw, (0, width - raw.shape[1]))
         return self._unpermute(gguf_name, raw)
 
     def _unpermute(self, gguf_name: str, tensor: torch.Tensor) -> torch.Tensor:

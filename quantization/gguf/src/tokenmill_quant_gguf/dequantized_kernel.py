@@ -13,7 +13,7 @@ class GGUFDequantizedKernel(QuantKernel):
     """Runs layers whose GGUF blocks were expanded to the compute dtype while loading (the fast path
     where memory allows, e.g. on CPUs)."""
 
-    name = "gguf_dequantized"
+    name = "gguf-dequantized"
     gguf_layout: ClassVar[str] = "dequantize"  # what GGUFQuantizer.create_weights builds for this kernel
 
     @classmethod

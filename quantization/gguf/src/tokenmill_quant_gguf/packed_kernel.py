@@ -17,7 +17,7 @@ from tokenmill_quant_gguf.dequantize import dequantize
 class GGUFPackedTorchKernel(QuantKernel):
     """Packed GGUF weights, dequantized per call in row tiles (plain PyTorch; any device)."""
 
-    name = "gguf_packed_torch"
+    name = "gguf-packed-torch"
     gguf_layout: ClassVar[str] = "packed"  # what GGUFQuantizer.create_weights builds for this kernel
     tile_elements: ClassVar[int] = 1 << 22  # weights dequantized at once: 16 MiB of float32
 

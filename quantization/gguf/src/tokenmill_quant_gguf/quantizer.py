@@ -11,7 +11,7 @@ Two layouts for linear layers:
 
 The mode comes from ``TOKENMILL_GGUF_MODE`` or ``quantization_config["gguf_mode"]`` ("auto" when
 neither is set). In ``auto`` each layer follows the kernel core selected for it (its
-``gguf_layout``), so a platform asks for packed weights by listing ``gguf_packed_torch`` (or its
+``gguf_layout``), so a platform asks for packed weights by listing ``gguf-packed-torch`` (or its
 own packed GGUF kernel) first in ``quant_kernel_preference``; the default order dequantizes.
 """
 
@@ -89,11 +89,13 @@ class GGUFQuantizer(Quantizer):
         shard_names = _shard_weight_names(spec)
         tensors = [self._shard_tensor(checkpoint, name, spec, size) for name, size in zip(shard_names, spec.output_sizes)]
         if self._layout(layer) == "packed":
-            width = max(checkpoint.packed_row_bytes(t.name) for t in tensors)
-            qweight = torch.nn.Parameter(torch.empty(spec.out_features, width, dtype=torch.uint8), requires_grad=False)
+            types = [t.ggml_type for t in tensors]
+            width = max(t.row_bytes(spec.in_features) for t in types)
+            qweight = torch.nn.Parameter(torch.zeros(spec.out_features, width, dtype=torch.uint8), requires_grad=False)
             qweight.output_dim = 0
+            qweight.weight_loader = _PackedShardLoader(spec, types)
             layer.register_parameter("qweight", qweight)
-            layer.gguf_segments = _segments(spec.output_sizes, [t.ggml_type for t in tensors])
+            layer.gguf_segments = _segments(spec.output_sizes, types)
             self._packed.update(shard_names)
         else:
             dtype = getattr(torch, spec.dtype)
@@ -168,6 +170,30 @@ def _shard_weight_names(spec: LinearSpec) -> list[str]:
     if len(spec.output_sizes) != 1:
         raise ValueError(f"layer {spec.prefix} fuses {len(spec.output_sizes)} shards that GGUF loading cannot name")
     return [f"{spec.prefix}.weight"]
+
+
+class _PackedShardLoader:
+    """Copies one shard's raw blocks into its rows of a fused ``qweight``; a shard whose ggml type has
+    narrower rows than the widest shard's leaves the rest of its rows zero."""
+
+    def __init__(self, spec: LinearSpec, types: list[Any]) -> None:
+        self.spec, self.types = spec, types
+
+    def __call__(self, param: torch.Tensor, loaded: torch.Tensor, shard_index: int | None) -> None:
+        index = 0 if shard_index is None else shard_index
+        sizes = self.spec.output_sizes
+        if shard_index is None and len(sizes) != 1:
+            raise ValueError(f"{self.spec.prefix}: GGUF stores fused layers per shard, got one whole tensor")
+        if not 0 <= index < len(sizes):
+            raise ValueError(f"{self.spec.prefix}: no shard {index} in a layer of {len(sizes)} shards")
+        offset, rows = sum(sizes[:index]), sizes[index]
+        width = self.types[index].row_bytes(self.spec.in_features)
+        if loaded.dtype != torch.uint8 or tuple(loaded.shape) != (rows, width):
+            raise ValueError(
+                f"{self.spec.prefix}: shard {index} expects {self.types[index].name} blocks of shape {(rows, width)} "
+                f"(uint8), got {tuple(loaded.shape)} ({loaded.dtype})"
+            )
+        param.data[offset : offset + rows, :width].copy_(loaded)
 
 
 def _segments(sizes: tuple[int, ...], types: list[Any]) -> tuple[tuple[int, int, Any], ...]:

@@ -37,9 +37,6 @@ _GEMMA_PER_LAYER = {
 # Tensors llama.cpp stores that are not model parameters (derived from config on the HF side).
 _IGNORED = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
 
-# Linear layers whose checkpoint tensors a model typically fuses; packed rows share a width per group.
-FUSION_GROUPS = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up", "ffn_up": "ffn_gate_up"}
-
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.([a-z0-9_]+)\.(weight|bias)")
 _GLOBAL_NAME = re.compile(r"([a-z0-9_]+)\.(weight|bias)")
 
@@ -76,14 +73,6 @@ def gguf_name(hf: str, architecture: str) -> str | None:
             if m.group(2) == hf_module:
                 return f"blk.{m.group(1)}.{stem}.{suffix}"
     return None
-
-
-def fusion_group(gguf_tensor: str) -> str:
-    """A key shared by the tensors a model may fuse into one linear layer (q/k/v, gate/up)."""
-    m = _LAYER_NAME.fullmatch(gguf_tensor)
-    if m and m.group(2) in FUSION_GROUPS:
-        return f"blk.{m.group(1)}.{FUSION_GROUPS[m.group(2)]}.{m.group(3)}"
-    return gguf_tensor
 
 
 def stem(gguf_tensor: str) -> str:
