@@ -188,3 +188,13 @@ def test_prefix_cache_stats_count_tokens_per_admission():
     assert stats.hit_rate == pytest.approx(8 / 30)
     assert manager.reset_prefix_cache() == 2
     assert stats.queries == 0 and manager.get_computed_blocks(make_request("c", range(10)))[1] == 0
+
+
+def test_requests_wanting_prompt_logprobs_never_read_the_cache_but_still_fill_it():
+    manager = KVCacheManager(num_blocks=20, block_size=BS)
+    compute(manager, make_request("a", range(9)))
+    wants_logprobs = Request("b", list(range(9)), SamplingParams(max_tokens=4, prompt_logprobs=1))
+    assert manager.get_computed_blocks(wants_logprobs) == ([], 0)
+    manager.free(make_request("a", range(9)))
+    compute(manager, wants_logprobs)
+    assert manager.get_computed_blocks(make_request("c", range(9)))[1] == 8

@@ -37,7 +37,9 @@ def make_scheduler(**overrides) -> Scheduler:
 
 
 def make_request(request_id: str, prompt_len: int = 6, max_tokens: int | None = 4, first_token: int = 100, **kw):
-    return Request(request_id, range(first_token, first_token + prompt_len), SamplingParams(max_tokens=max_tokens), **kw)
+    return Request(
+        request_id, range(first_token, first_token + prompt_len), SamplingParams(max_tokens=max_tokens), **kw
+    )
 
 
 def run_all(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 1000) -> list[SchedulerOutput]:
@@ -97,25 +99,31 @@ def test_preemption_takes_the_latest_request_and_requeues_it_first():
     assert first.finish_reason == second.finish_reason == "length"
 
 
-def test_priority_preemption_evicts_the_lowest_priority_even_if_already_scheduled():
-    scheduler = make_scheduler(num_blocks=7, policy="priority", enable_prefix_caching=False)
-    low = make_request("low", 8, 12, priority=9, arrival_time=1.0)
-    high = make_request("high", 8, 12, first_token=200, priority=0, arrival_time=2.0)
-    scheduler.add_request(high)
-    scheduler.add_request(low)
+def test_priority_preemption_unschedules_a_lower_priority_request_and_keeps_going():
+    scheduler = make_scheduler(num_blocks=5, policy="priority", enable_prefix_caching=False)  # 4 usable blocks
     runner = FakeRunner(4)
-    for _ in range(20):
+
+    def run_step() -> SchedulerOutput:
         output = scheduler.schedule()
-        if output.preempted_request_ids:
-            assert output.preempted_request_ids == {"low"}
-            assert [s.request_id for s in output.scheduled] == ["high"]
-            break
         scheduler.update(output, runner.execute(output))
-    else:
-        raise AssertionError("no preemption happened")
-    scheduler.update(output, runner.execute(output))
+        return output
+
+    low = make_request("low", 3, 5, priority=9, arrival_time=1.0)
+    scheduler.add_request(low)
+    run_step()
+    high1 = make_request("high1", 4, 5, first_token=200, priority=0, arrival_time=2.0)
+    high2 = make_request("high2", 2, 5, first_token=300, priority=0, arrival_time=3.0)
+    scheduler.add_request(high1)
+    scheduler.add_request(high2)
+    assert [s.request_id for s in run_step().scheduled] == ["low", "high1", "high2"]
+    # low (first in the batch) takes the last free block, high1 then needs one: low is preempted
+    # out of this step and high2 is still served
+    output = run_step()
+    assert output.preempted_request_ids == {"low"}
+    assert [(s.request_id, s.start_position) for s in output.scheduled] == [("high1", 4), ("high2", 2)]
     run_all(scheduler, runner)
-    assert high.num_preemptions == 0 and low.num_preemptions >= 1
+    assert high1.num_preemptions == high2.num_preemptions == 0 and low.num_preemptions >= 1
+    assert low.num_output_tokens == 5
 
 
 def test_a_resumed_request_longer_than_the_budget_is_recomputed_in_chunks():
@@ -193,8 +201,11 @@ def test_finished_ids_are_reported_once_in_the_next_output():
 
 def test_impossible_requests_are_rejected_with_the_numbers():
     scheduler = make_scheduler(num_blocks=5, max_model_len=64)  # 4 usable blocks = 16 tokens
-    with pytest.raises(ValueError, match=r"prompt of 10 tokens with max_tokens=10 needs K/V for up to 19 tokens = 5 "
-                       r"blocks of 4, but the cache has 4 blocks \(16 tokens\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt of 10 tokens with max_tokens=10 needs K/V for up to 19 tokens = 5 "
+        r"blocks of 4, but the cache has 4 blocks \(16 tokens\)",
+    ):
         scheduler.add_request(make_request("big", 10, 10))
     with pytest.raises(ValueError, match="max_tokens=None"):
         scheduler.add_request(make_request("unbounded", 10, None))

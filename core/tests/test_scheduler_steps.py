@@ -160,7 +160,7 @@ def test_fcfs_policy_admits_in_arrival_order():
 
 
 def test_eos_finishes_early_and_frees_blocks():
-    scheduler, runner = make_scheduler(), FakeRunner(4)
+    scheduler = make_scheduler()
     request = make_request("a", max_tokens=10)
     scheduler.add_request(request)
     output = scheduler.schedule()

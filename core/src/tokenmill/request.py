@@ -112,6 +112,11 @@ class Request:
         return self.sampling_params.max_tokens
 
     @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need logits for every prompt token, so no prompt token may come from the cache."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
     def is_finished(self) -> bool:
         return self.status.is_finished
 

@@ -34,7 +34,11 @@ def block_extra_keys(block_index: int, cache_salt: str | None) -> tuple:
 
 
 def extend_block_hashes(
-    block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, num_full_blocks: int, cache_salt: str | None
+    block_hashes: list[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    num_full_blocks: int,
+    cache_salt: str | None,
 ) -> None:
     """Append the hashes of blocks ``len(block_hashes) .. num_full_blocks-1`` of ``token_ids`` in place."""
     assert num_full_blocks * block_size <= len(token_ids), "only full blocks are hashed"

@@ -46,10 +46,11 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a request without blocks: (blocks, number of tokens).
 
-        The last token is never covered, so at least one token is computed and yields logits.
-        Nothing is reserved: pass the blocks to ``allocate_slots`` in the same step.
+        The last token is never covered, so at least one token is computed and yields logits; a
+        request that wants prompt logprobs gets no hit. Nothing is reserved: pass the blocks to
+        ``allocate_slots`` in the same step.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.skip_reading_prefix_cache:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         self._hash_full_blocks(request, max_hit_blocks)
@@ -84,27 +85,30 @@ class KVCacheManager:
         ``request.num_computed_tokens`` past them. On False nothing changed.
         """
         request_id = request.request_id
+        block_size = self.block_size
         table = self.req_to_blocks.get(request_id)
-        is_new = table is None
-        assert is_new or not new_computed_blocks, "computed blocks are only shared into a new table"
-        num_held = 0 if is_new else len(table)
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = -(-(num_computed + num_new_tokens) // self.block_size)
-        num_new_blocks = max(0, num_required - num_held - len(new_computed_blocks))
+        if table is not None:  # a running request: no sharing, usually no new block either
+            assert not new_computed_blocks, "computed blocks are only shared into a new table"
+            num_new_blocks = -(-(request.num_computed_tokens + num_new_tokens) // block_size) - len(table)
+            if num_new_blocks > 0:
+                if num_new_blocks > self.block_pool.num_free_blocks:
+                    return False
+                self._append_blocks(request_id, self.block_pool.get_new_blocks(num_new_blocks))
+            return True
+
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * block_size
+        num_required = -(-(num_computed + num_new_tokens) // block_size)
+        num_new_blocks = max(0, num_required - len(new_computed_blocks))
         num_revived = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
         if num_new_blocks > self.block_pool.num_free_blocks - num_revived:
             return False
-
-        if is_new:
-            table = self.req_to_blocks[request_id] = []
-            self.req_to_block_ids[request_id] = []
-            self.num_cached_blocks[request_id] = len(new_computed_blocks)
-            if self.enable_prefix_caching:
-                self.prefix_cache_stats.record(request.num_tokens, len(new_computed_blocks) * self.block_size)
+        self.req_to_blocks[request_id] = []
+        self.req_to_block_ids[request_id] = []
+        self.num_cached_blocks[request_id] = len(new_computed_blocks)
+        if self.enable_prefix_caching:
+            self.prefix_cache_stats.record(request.num_tokens, len(new_computed_blocks) * block_size)
         self.block_pool.touch(new_computed_blocks)
-        new_blocks = [*new_computed_blocks, *self.block_pool.get_new_blocks(num_new_blocks)]
-        table.extend(new_blocks)
-        self.req_to_block_ids[request_id].extend(block.block_id for block in new_blocks)
+        self._append_blocks(request_id, [*new_computed_blocks, *self.block_pool.get_new_blocks(num_new_blocks)])
         return True
 
     def fork(self, parent: Request, child: Request) -> int:
@@ -152,6 +156,10 @@ class KVCacheManager:
         """Forget all cached content and zero the stats; returns how many blocks were uncached."""
         self.prefix_cache_stats.reset()
         return self.block_pool.reset_prefix_cache()
+
+    def _append_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
+        self.req_to_blocks[request_id].extend(blocks)
+        self.req_to_block_ids[request_id].extend(block.block_id for block in blocks)
 
     def _hash_full_blocks(self, request: Request, num_blocks: int) -> None:
         if len(request.block_hashes) < num_blocks:

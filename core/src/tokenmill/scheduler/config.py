@@ -33,7 +33,10 @@ class SchedulerConfig:
                 raise ValueError(message)
 
         check(self.max_num_seqs >= 1, f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
-        check(self.max_num_batched_tokens >= 1, f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
+        check(
+            self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}",
+        )
         check(self.max_model_len >= 1, f"max_model_len must be at least 1, got {self.max_model_len}")
         check(self.block_size >= 1, f"block_size must be at least 1, got {self.block_size}")
         check(self.num_blocks >= 2, f"num_blocks must be at least 2 (block 0 is reserved), got {self.num_blocks}")

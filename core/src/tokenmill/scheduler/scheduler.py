@@ -214,7 +214,7 @@ class Scheduler:
     def _find_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         blocks, num_tokens = self.kv_cache_manager.get_computed_blocks(request)
         parent = self.requests.get(self._fork_parents.get(request.request_id, ""))
-        if parent is not None:
+        if parent is not None and not request.skip_reading_prefix_cache:
             fork_blocks, num_fork_tokens = self.kv_cache_manager.get_fork_blocks(parent, request)
             if num_fork_tokens > num_tokens:
                 return fork_blocks, num_fork_tokens
