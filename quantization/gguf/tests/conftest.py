@@ -27,6 +27,7 @@ def encode_tensor(values: np.ndarray, qtype: gguf.GGMLQuantizationType, rng: np.
     if qtype not in _K_QUANT_F16_FIELDS:
         return gguf.quants.quantize(values, qtype)
     block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    assert values.shape[-1] % block_size == 0, f"{qtype.name} needs rows of whole {block_size}-element blocks"
     byte_shape = (*values.shape[:-1], values.shape[-1] // block_size * type_size)
     data = rng.integers(0, 256, size=byte_shape, dtype=np.uint8)
     blocks = data.reshape(-1, type_size)

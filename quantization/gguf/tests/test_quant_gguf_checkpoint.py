@@ -8,11 +8,10 @@ import os
 import gguf
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config, Qwen3Config
-
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
 from tokenmill_quant_gguf.hf_config import CAUSAL_LM_CLASSES
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
+from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, QuantKernel, Quantizer
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+
 from tokenmill_quant_gguf.dequantize import dequantize
 
 

@@ -23,8 +23,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 
-from tokenmill.plugin_api import LinearSpec, QuantKernel, Quantizer
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
 from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
 from tokenmill_quant_gguf.gguf_file import GGUF_MAGIC
@@ -87,7 +87,7 @@ class GGUFQuantizer(Quantizer):
         both with ``output_dim = 0``; shard shapes are checked against the file."""
         checkpoint = self._require_checkpoint()
         shard_names = _shard_weight_names(spec)
-        tensors = [self._shard_tensor(checkpoint, name, spec, size) for name, size in zip(shard_names, spec.output_sizes)]
+        tensors = [self._shard_tensor(checkpoint, name, spec, size) for name, size in zip(shard_names, spec.output_sizes, strict=True)]
         if self._layout(layer) == "packed":
             types = [t.ggml_type for t in tensors]
             width = max(t.row_bytes(spec.in_features) for t in types)
@@ -200,7 +200,7 @@ def _segments(sizes: tuple[int, ...], types: list[Any]) -> tuple[tuple[int, int,
     """Row ranges of one ggml type, merging neighbouring shards of the same type."""
     segments: list[tuple[int, int, Any]] = []
     start = 0
-    for size, ggml_type in zip(sizes, types):
+    for size, ggml_type in zip(sizes, types, strict=True):
         if segments and segments[-1][2] == ggml_type:
             segments[-1] = (segments[-1][0], start + size, ggml_type)
         else:
