@@ -201,20 +201,35 @@ def test_prefix_cache_hit_skips_cached_tokens():
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (20, 8)
 
 
-def test_fork_shares_the_parents_prompt_blocks_without_prefix_caching():
-    scheduler, runner = make_scheduler(enable_prefix_caching=False), FakeRunner(4)
+@pytest.mark.parametrize("caching", [False, True])
+def test_forks_wait_for_the_parents_prompt_then_share_its_blocks(caching):
+    scheduler, runner = make_scheduler(enable_prefix_caching=caching), FakeRunner(4)
     parent = make_request("p", prompt_len=10, max_tokens=3)
+    children = [make_request(f"p-{i}", prompt_len=10, max_tokens=3) for i in (1, 2)]
     scheduler.add_request(parent)
-    step(scheduler, runner)
-    child = make_request("p-1", prompt_len=10, max_tokens=3)
-    scheduler.add_request(child, fork_of="p")
+    for child in children:
+        scheduler.add_request(child, fork_of="p")
     output, _ = step(scheduler, runner)
-    s = next(s for s in output.scheduled if s.request_id == "p-1")
+    assert [s.request_id for s in output.scheduled] == ["p"]  # the children do not compute their own copy
+    output, _ = step(scheduler, runner)
     parent_blocks = scheduler.kv_cache_manager.get_block_ids("p")
-    assert s.start_position == 8 and s.block_ids[:2] == parent_blocks[:2] and s.block_ids[2] != parent_blocks[2]
+    for s in output.scheduled[1:]:
+        assert s.start_position == 8 and s.token_ids == [108, 109]
+        assert s.block_ids[:2] == parent_blocks[:2] and s.block_ids[2] != parent_blocks[2]
+    assert [s.request_id for s in output.scheduled] == ["p", "p-1", "p-2"]
+    assert [scheduler.kv_cache_manager.block_pool.blocks[b].ref_cnt for b in parent_blocks] == [3, 3, 1]
     run_all(scheduler, runner)
-    assert child.output_token_ids == parent.output_token_ids
-    assert child.num_output_tokens == 3 and child.finish_reason == "length"
+    for child in children:
+        assert child.output_token_ids == parent.output_token_ids and child.finish_reason == "length"
+
+
+def test_a_fork_does_not_wait_for_a_parent_that_is_not_running():
+    scheduler, runner = make_scheduler(max_num_seqs=1), FakeRunner(4)
+    scheduler.add_request(make_request("other", prompt_len=10, max_tokens=3, first_token=500))
+    scheduler.add_request(make_request("p", prompt_len=10, max_tokens=3))
+    scheduler.add_request(make_request("p-1", prompt_len=10, max_tokens=3), fork_of="p")
+    scheduler.abort_requests(["p"])
+    assert admission_order(scheduler, runner) == ["other", "p-1"]
 
 
 def test_stats_snapshot():

@@ -68,8 +68,8 @@ class Scheduler:
         """Queue a request; ValueError if it could never run under this configuration.
 
         With ``fork_of`` (a parent's id, e.g. for n > 1 samples of one prompt), the request shares
-        the parent's full computed blocks when it is admitted while the parent holds them, even
-        without prefix caching.
+        the parent's full computed blocks, even without prefix caching: while the parent is running
+        but has not computed them yet, the request waits for it instead of computing its own copy.
         """
         self._check_admissible(request)
         self.requests[request.request_id] = request
@@ -92,17 +92,19 @@ class Scheduler:
         if isinstance(request_ids, str):
             request_ids = (request_ids,)
         finished: list[Request] = []
+        queued: set[str] = set()
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            in_running = request.status == RequestStatus.RUNNING
+            if request.status != RequestStatus.RUNNING:
+                queued.add(request_id)
             request.finish(status, stop_reason)
             self._release(request)
             finished.append(request)
-            if not in_running:
-                self.waiting.remove_many({request_id})
-        if any(r.is_finished for r in self.running):
+        if queued:
+            self.waiting.remove_many(queued)
+        if len(queued) < len(finished):
             self.running = [r for r in self.running if not r.is_finished]
         return finished
 
@@ -185,7 +187,7 @@ class Scheduler:
                     break
                 if victim_index < index:
                     index -= 1
-            else:
+            else:  # allocated (possibly after preempting others)
                 plan.add(request, num_tokens)
                 index += 1
 
@@ -193,6 +195,8 @@ class Scheduler:
         config = self.config
         while self.waiting and plan.budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting.peek()
+            if self._waits_for_fork_parent(request):
+                break
             computed_blocks, num_computed = self._find_computed_blocks(request)
             num_tokens = request.num_tokens - num_computed
             if num_tokens > plan.budget and not config.enable_chunked_prefill:
@@ -210,6 +214,14 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.add(request, num_tokens)
+
+    def _waits_for_fork_parent(self, request: Request) -> bool:
+        """A fork waits while its running parent is still computing the prompt blocks it could share."""
+        parent = self.requests.get(self._fork_parents.get(request.request_id, ""))
+        if parent is None or parent.status != RequestStatus.RUNNING or request.skip_reading_prefix_cache:
+            return False
+        shareable = (request.num_tokens - 1) // self.config.block_size * self.config.block_size
+        return parent.num_computed_tokens < min(shareable, parent.num_prompt_tokens)
 
     def _find_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         blocks, num_tokens = self.kv_cache_manager.get_computed_blocks(request)
