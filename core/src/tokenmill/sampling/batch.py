@@ -116,7 +116,9 @@ def _penalties(requests: Sequence[Request], vocab_size: int, device: torch.devic
     )
 
 
-def _logit_bias(requests: Sequence[Request], vocab_size: int, device: torch.device):
+def _logit_bias(
+    requests: Sequence[Request], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     rows, token_ids, values = [], [], []
     for row, request in enumerate(requests):
         for token_id, value in (request.sampling_params.logit_bias or {}).items():
@@ -133,7 +135,9 @@ def _logit_bias(requests: Sequence[Request], vocab_size: int, device: torch.devi
     )
 
 
-def _allowed(requests: Sequence[Request], vocab_size: int, device: torch.device):
+def _allowed(
+    requests: Sequence[Request], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     rows = [row for row, r in enumerate(requests) if r.sampling_params.allowed_token_ids is not None]
     if not rows:
         return None
@@ -144,7 +148,9 @@ def _allowed(requests: Sequence[Request], vocab_size: int, device: torch.device)
     return torch.tensor(rows, dtype=torch.long, device=device), mask.to(device)
 
 
-def _banned(requests: Sequence[Request], vocab_size: int, device: torch.device):
+def _banned(
+    requests: Sequence[Request], vocab_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     rows, token_ids = [], []
     for row, request in enumerate(requests):
         banned = _banned_token_ids(request)
