@@ -34,8 +34,9 @@ def test_missing_file_is_an_empty_cpu(tmp_path):
     [
         ("avx2-only", ("float32", "bfloat16"), False, ("fma", "avx2")),
         ("avx512-bf16", ("bfloat16", "float32"), True, ("fma", "avx2", "avx512f", "avx512_vnni", "avx512_bf16")),
-        ("amx", ("bfloat16", "float32"), True,
-         ("fma", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")),
+        ("amx", ("bfloat16", "float32", "float16"), True,
+         ("fma", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx512_fp16", "amx_tile", "amx_bf16",
+          "amx_int8")),
     ],
 )
 def test_x86_capabilities(cpus, machine, dtypes, int8, isa):
@@ -46,5 +47,5 @@ def test_x86_capabilities(cpus, machine, dtypes, int8, isa):
 
 def test_arm_with_bf16_and_i8mm(cpus):
     caps = cpu_capabilities(isa_features(parse_cpuinfo(cpus.arm_cpuinfo()).flags))
-    assert caps.dtypes[0] == "bfloat16" and caps.int8_dot
-    assert caps.isa == ("asimddp", "i8mm", "bf16", "sve")
+    assert caps.dtypes == ("bfloat16", "float32", "float16") and caps.int8_dot
+    assert caps.isa == ("asimdhp", "asimddp", "i8mm", "bf16", "sve")

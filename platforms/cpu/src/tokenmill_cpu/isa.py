@@ -12,9 +12,12 @@ FEATURES = (
     "avx512_vnni",
     "avx512_bf16",
     "avx_vnni",
+    "avx512_fp16",
     "amx_tile",
     "amx_bf16",
     "amx_int8",
+    "amx_fp16",
+    "asimdhp",
     "asimddp",
     "i8mm",
     "bf16",
@@ -22,6 +25,7 @@ FEATURES = (
     "sve2",
 )
 NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+NATIVE_FP16 = frozenset({"avx512_fp16", "amx_fp16", "asimdhp"})
 INT8_DOT = frozenset({"avx512_vnni", "avx_vnni", "amx_int8", "i8mm", "asimddp"})
 
 
@@ -35,6 +39,11 @@ def has_native_bf16(isa: Iterable[str]) -> bool:
     """bf16 dot-product instructions (AVX512-BF16, AMX-BF16, Arm BF16). Without them torch
     emulates bf16 matmul, which is about 100x slower than float32 on AVX2."""
     return bool(NATIVE_BF16 & set(isa))
+
+
+def has_native_fp16(isa: Iterable[str]) -> bool:
+    """fp16 arithmetic instructions (AVX512-FP16, AMX-FP16, Arm half-precision SIMD)."""
+    return bool(NATIVE_FP16 & set(isa))
 
 
 def has_int8_dot(isa: Iterable[str]) -> bool:

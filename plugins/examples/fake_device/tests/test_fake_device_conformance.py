@@ -13,7 +13,8 @@ class TestFakeDevicePlatform(PlatformConformance):
     platform_cls = FakeDevicePlatform
 
     @pytest.fixture(scope="class", autouse=True)
-    def enabled(self):
+    @classmethod
+    def enabled(cls):
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(ENV_VAR, "1")
             yield
@@ -25,7 +26,8 @@ class TestFakeDevicePlatformDisabled(PlatformConformance):
     platform_cls = FakeDevicePlatform
 
     @pytest.fixture(scope="class", autouse=True)
-    def disabled(self):
+    @classmethod
+    def disabled(cls):
         with pytest.MonkeyPatch.context() as patch:
             patch.delenv(ENV_VAR, raising=False)
             yield

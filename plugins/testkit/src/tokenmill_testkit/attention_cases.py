@@ -24,6 +24,7 @@ class AttentionCase:
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
     kv_cache_dtype: str = "auto"
+    scale: float | None = None  # default head_size ** -0.5
 
     @property
     def id(self) -> str:
@@ -34,6 +35,8 @@ class AttentionCase:
             parts.append(f"cap{self.logits_soft_cap:g}")
         if self.kv_cache_dtype != "auto":
             parts.append(f"kv{self.kv_cache_dtype}")
+        if self.scale is not None:
+            parts.append(f"scale{self.scale:g}")
         return "-".join(parts)
 
     def spec(self, dtype: str) -> AttentionSpec:
@@ -41,7 +44,7 @@ class AttentionCase:
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             head_size=self.head_size,
-            scale=self.head_size**-0.5,
+            scale=self.head_size**-0.5 if self.scale is None else self.scale,
             dtype=dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             block_size=self.block_size,
@@ -60,6 +63,7 @@ DEFAULT_CASES = (
     AttentionCase(4, 2, 64, sliding_window=8),
     AttentionCase(4, 2, 64, logits_soft_cap=2.0),  # small cap, so ignoring it is visible
     AttentionCase(4, 2, 64, sliding_window=8, logits_soft_cap=2.0),
+    AttentionCase(4, 2, 64, scale=0.3),  # not 1/sqrt(head_size), as with Gemma's query_pre_attn_scalar
     AttentionCase(4, 2, 64, kv_cache_dtype="fp8"),
 )
 

@@ -30,8 +30,6 @@ from tokenmill_testkit.attention_cases import DEFAULT_CASES, DEFAULT_MIXES, Atte
 from tokenmill_testkit.attention_scenario import AttentionScenario, LayerRun
 from tokenmill_testkit.tolerances import assert_close, tolerance
 
-UNKNOWN_DEVICE_TYPE = "tokenmill-no-such-device"
-
 
 def _reference_backend() -> type[AttentionBackend]:
     from tokenmill.reference.attention import ReferenceAttentionBackend
@@ -98,9 +96,25 @@ class AttentionBackendConformance:
         assert isinstance(reasons, list), f"validate() returned {type(reasons).__name__}, not a list of reasons"
         assert all(isinstance(r, str) and r for r in reasons), f"reasons must be non-empty strings: {reasons!r}"
 
-    def test_validate_rejects_unknown_device(self) -> None:
-        reasons = self.backend_cls.validate(DEFAULT_CASES[0].spec("float32"), UNKNOWN_DEVICE_TYPE, ())
-        assert reasons, f"{self.backend_cls.name} claims to run on device type {UNKNOWN_DEVICE_TYPE!r}"
+    def test_validate_agrees_with_capabilities(self, target_device: torch.device) -> None:
+        """What ``capabilities`` declares unsupported, ``validate`` must reject: selection filters
+        on the declaration without importing kernels, explanations quote ``validate``."""
+        caps = self.backend_cls.capabilities
+        base = DEFAULT_CASES[1].spec(caps.dtypes[0] if caps.dtypes else "float32")
+        unsupported = {"dtype float64": replace(base, dtype="float64")}
+        if "fp8_e5m2" not in caps.kv_cache_dtypes:
+            unsupported["kv-cache dtype fp8_e5m2"] = replace(base, kv_cache_dtype="fp8_e5m2")
+        if not caps.sliding_window:
+            unsupported["sliding window"] = replace(base, sliding_window=8)
+        if not caps.logits_soft_cap:
+            unsupported["soft cap"] = replace(base, logits_soft_cap=2.0)
+        if not caps.non_causal:
+            unsupported["non-causal"] = replace(base, causal=False)
+        if caps.head_sizes is not None:
+            unsupported["head size 17"] = replace(base, head_size=17)
+        accepted = [what for what, spec in unsupported.items()
+                    if not self.backend_cls.validate(spec, self._device_type(target_device), self.families)]
+        assert not accepted, f"validate() accepts what capabilities declare unsupported: {', '.join(accepted)}"
 
     def test_supports_some_case(self, target_device: torch.device) -> None:
         rejected = {}

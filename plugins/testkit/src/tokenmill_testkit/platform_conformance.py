@@ -48,15 +48,28 @@ class PlatformConformance:
     allowed_probe_imports: ClassVar[tuple[str, ...]] = ()  # extra top-level packages probe() may import
 
     @pytest.fixture(scope="class")
-    def active_platform(self) -> Platform:
-        probe = self.platform_cls.probe()
+    @classmethod
+    def active_platform(cls) -> Platform:
+        probe = cls.platform_cls.probe()
         if not probe.available:
-            pytest.skip(f"{self.platform_cls.name} is not available here: {'; '.join(probe.reasons)}")
-        platform = self.platform_cls(probe.devices[0].index if probe.devices else 0)
+            pytest.skip(f"{cls.platform_cls.name} is not available here: {'; '.join(probe.reasons)}")
+        platform = cls.platform_cls(probe.devices[0].index if probe.devices else 0)
         platform.activate()
         return platform
 
     # -- static ---------------------------------------------------------------------------------
+
+    def test_probe_has_no_side_effects(self) -> None:
+        """First in the class on purpose: a probe that changes the process is only visible the
+        first time it runs in a process (run this file on its own for a definitive answer)."""
+        before = ProcessSnapshot.take()
+        first = self.platform_cls.probe()
+        second = self.platform_cls.probe()
+        after = ProcessSnapshot.take()
+        own = self.platform_cls.__module__.split(".", 1)[0]
+        problems = before.violations(after, allowed_roots=(own, *self.allowed_probe_imports))
+        assert not problems, f"{self.platform_cls.name}.probe() has side effects: " + "; ".join(problems)
+        assert first.score == second.score, "probe() must give the same score when called twice"
 
     def test_class_attributes(self) -> None:
         cls = self.platform_cls
@@ -80,16 +93,6 @@ class PlatformConformance:
         assert len({d.index for d in result.devices}) == len(result.devices), "device indices must be unique"
         if not result.available:
             assert result.reasons, "a score of 0 needs a reason the user can read"
-
-    def test_probe_has_no_side_effects(self) -> None:
-        before = ProcessSnapshot.take()
-        first = self.platform_cls.probe()
-        second = self.platform_cls.probe()
-        after = ProcessSnapshot.take()
-        own = self.platform_cls.__module__.split(".", 1)[0]
-        problems = before.violations(after, allowed_roots=(own, *self.allowed_probe_imports))
-        assert not problems, f"{self.platform_cls.name}.probe() has side effects: " + "; ".join(problems)
-        assert first.score == second.score, "probe() must give the same score when called twice"
 
     def test_attention_preference(self) -> None:
         preference = self.platform_cls().attention_preference()
