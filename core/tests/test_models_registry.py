@@ -34,8 +34,12 @@ def test_unknown_architecture_lists_supported_ones():
     registry = ModelRegistry()
     with pytest.raises(UnsupportedArchitectureError, match=r"\(GPT2LMHeadModel\) is not supported; supported: Llama"):
         registry.resolve_config(SimpleNamespace(architectures=["GPT2LMHeadModel"]))
-    with pytest.raises(UnsupportedArchitectureError, match="config.json has no 'architectures'"):
-        registry.resolve_config(SimpleNamespace())
+    with pytest.raises(UnsupportedArchitectureError, match="none listed, model_type 'gpt2'"):
+        registry.resolve_config(SimpleNamespace(model_type="gpt2"))
+
+
+def test_config_without_architectures_falls_back_to_its_model_type():
+    assert ModelRegistry().resolve_config(SimpleNamespace(model_type="llama")) is LlamaForCausalLM
 
 
 def test_unimportable_plugin_model_is_reported_with_its_source():

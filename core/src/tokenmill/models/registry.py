@@ -22,6 +22,15 @@ BUILTIN_MODELS: dict[str, str] = {
 }
 
 
+DEFAULT_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+"""model_type -> architecture, for configs without ``architectures`` (e.g. built from GGUF metadata)."""
+
+
 class ModelRegistryError(ValueError):
     """A clash between two providers of one architecture, or a malformed entry."""
 
@@ -74,12 +83,16 @@ class ModelRegistry:
                                      f"{error}") from error
 
     def resolve_config(self, hf_config: Any) -> type:
-        """The class for the first architecture in ``hf_config.architectures`` that is registered."""
+        """The class for the first architecture in ``hf_config.architectures`` that is registered;
+        a config without ``architectures`` falls back to its ``model_type``'s usual architecture."""
         architectures = list(getattr(hf_config, "architectures", None) or [])
+        model_type = getattr(hf_config, "model_type", None)
+        if not architectures and model_type in DEFAULT_ARCHITECTURES:
+            architectures = [DEFAULT_ARCHITECTURES[model_type]]
         for architecture in architectures:
             if architecture in self._entries:
                 return self.resolve(architecture)
-        named = ", ".join(architectures) or "none (config.json has no 'architectures')"
+        named = ", ".join(architectures) or f"none listed, model_type {model_type!r}"
         raise UnsupportedArchitectureError(
             f"the checkpoint's architecture ({named}) is not supported; supported: {', '.join(self.supported())}"
         )
