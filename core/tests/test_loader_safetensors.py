@@ -13,7 +13,7 @@ from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import MissingWeightsError, build_model, load_model, load_weights
 from tokenmill.loader.safetensors_checkpoint import CheckpointNotFoundError, SafetensorsCheckpoint
 from tokenmill.models.weight_mapping import CheckpointMismatchError
-from tokenmill.reference.unquantized import Unquantized
+from tokenmill.reference.unquantized import TorchLinearKernel, Unquantized
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
@@ -116,3 +116,41 @@ def test_a_format_can_supply_its_own_tensors(tmp_path):
     config = AutoConfig.from_pretrained(tmp_path)
     model = load_model(config, "in-memory", ModelBuildContext(quantizer=SelfSupplied()))
     assert torch.equal(model.model.norm.weight, hf.model.norm.weight * 2)
+
+
+class RecordingKernel(TorchLinearKernel):
+    name = "recording-linear"
+    finished: list = []
+
+    def process_weights_after_loading(self, layer):
+        self.finished.append(layer.spec.prefix)
+
+
+class WithActivationScales(Unquantized):
+    """Unquantized weights plus a per-layer ``input_scale`` a checkpoint may or may not carry."""
+
+    def __init__(self, optional):
+        self.optional = optional
+
+    def kernels(self):
+        return (RecordingKernel,)
+
+    def is_quantized(self, spec):
+        return True
+
+    def create_weights(self, layer, spec):
+        super().create_weights(layer, spec)
+        scale = torch.nn.Parameter(torch.ones(()), requires_grad=False)
+        scale.checkpoint_optional = self.optional
+        layer.register_parameter("input_scale", scale)
+
+
+def test_optional_parameters_and_kernel_finishing(tmp_path):
+    save_tiny(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    RecordingKernel.finished.clear()
+    model = load_model(config, str(tmp_path), ModelBuildContext(quantizer=WithActivationScales(optional=True)))
+    assert model.model.layers[0].mlp.down_proj.input_scale == 1.0
+    assert "model.layers.1.self_attn.qkv_proj" in RecordingKernel.finished and "lm_head" in RecordingKernel.finished
+    with pytest.raises(MissingWeightsError, match="input_scale"):
+        load_model(config, str(tmp_path), ModelBuildContext(quantizer=WithActivationScales(optional=False)))

@@ -19,6 +19,7 @@ A parameter with none of ``output_dim`` / ``per_shard`` is loaded whole from eve
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import torch
 from torch import nn
 
