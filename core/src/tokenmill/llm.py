@@ -28,6 +28,14 @@ class LLM:
         self.engine = LLMEngine.from_engine_args(EngineArgs.from_kwargs(model=model, **kwargs))
         self._counter = itertools.count()
 
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLM:
+        """An LLM from already-built EngineArgs (as the CLI makes them)."""
+        from dataclasses import asdict
+
+        values = asdict(engine_args)
+        return cls(values.pop("model"), **values)
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 

@@ -9,4 +9,6 @@ parsed ``args`` and returns an exit code) and add its module name below.
 BUILTIN_COMMAND_MODULES: tuple[str, ...] = (
     "tokenmill.cli.plugins_command",
     "tokenmill.cli.env_command",
+    "tokenmill.cli.generate_command",
+    "tokenmill.cli.bench_command",
 )

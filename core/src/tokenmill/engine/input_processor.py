@@ -67,10 +67,7 @@ class InputProcessor:
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:
                 raise ValueError(f"Requested {name}={value}, more than the maximum of {self.max_logprobs}.")
-        for token_ids in (params.stop_token_ids, params.allowed_token_ids or [], list(params.logit_bias or {})):
-            bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ValueError(f"Token id {bad} is out of vocabulary (the vocabulary has {vocab} tokens).")
+        params.check_token_ids(vocab)
         if params.max_tokens is None:
             params = params.clone(max_tokens=limit - len(prompt_token_ids))
         return params

@@ -72,6 +72,7 @@ class StepInputBuilder:
             s.request_id: (int(query_start_loc[i]), int(query_start_loc[i + 1]))
             for i, s in enumerate(scheduled)
             if s.request.sampling_params.prompt_logprobs is not None and s.start_position < s.request.num_prompt_tokens
+            and not s.request.output_token_ids  # a preempted request recomputes its prompt: logprobs were sent
         }
 
         def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,90 @@
+"""Run one engine on one workload in this process and print a JSON result (used as a subprocess).
+
+Input on stdin: {"engine": "tokenmill" | "hf", "model": path, "workload": {...}, "options": {...}}.
+Each engine runs alone in its own process so memory, threads and warm caches never mix.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+
+def _hf_model(model: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype_ = getattr(torch, dtype)
+    if model.endswith(".gguf"):
+        import os
+
+        return AutoModelForCausalLM.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model),
+                                                    dtype=dtype_).eval()
+    return AutoModelForCausalLM.from_pretrained(model, dtype=dtype_).eval()
+
+
+def run_hf(model: str, workload: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """HF transformers: one batched greedy ``generate`` over all prompts (left padding)."""
+    import torch
+
+    torch.set_num_threads(options.get("threads") or torch.get_num_threads())
+    started = time.perf_counter()
+    hf = _hf_model(model, options.get("dtype", "float32"))
+    load_s = time.perf_counter() - started
+    prompts, output_len = workload["prompts"], workload["output_len"]
+    width = max(len(p) for p in prompts)
+    pad = hf.config.pad_token_id if hf.config.pad_token_id is not None else 0
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        hf.generate(input_ids[:1, -8:], attention_mask=mask[:1, -8:], max_new_tokens=2, do_sample=False)
+        started = time.perf_counter()
+        out = hf.generate(input_ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+                          do_sample=False, eos_token_id=None, pad_token_id=pad)
+        elapsed = time.perf_counter() - started
+        result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": out[:, width:].numel(),
+                  "output_tok_s": out[:, width:].numel() / elapsed, "outputs": out[:, width:].tolist()}
+        if len(prompts) == 1:
+            started = time.perf_counter()
+            hf.generate(input_ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=pad)
+            result["ttft_s"] = time.perf_counter() - started
+            result["decode_tok_s"] = (output_len - 1) / max(elapsed - result["ttft_s"], 1e-9)
+    return result
+
+
+def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """tokenmill's offline LLM API on the same token ids, greedy, exactly ``output_len`` tokens each."""
+    from tokenmill import LLM, SamplingParams
+
+    started = time.perf_counter()
+    llm = LLM(model, **options.get("engine_args", {}))
+    load_s = time.perf_counter() - started
+    params = SamplingParams(temperature=0.0, max_tokens=workload["output_len"], ignore_eos=True)
+    llm.generate([{"prompt_token_ids": workload["prompts"][0][:8]}], params.clone(max_tokens=2), use_tqdm=False)
+    started = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in workload["prompts"]], params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": generated, "output_tok_s": generated / elapsed,
+              "outputs": [o.outputs[0].token_ids for o in outputs]}
+    if len(outputs) == 1 and outputs[0].metrics is not None:
+        metrics = outputs[0].metrics
+        ttft = metrics.first_token_time - metrics.arrival_time
+        result["ttft_s"] = ttft
+        result["decode_tok_s"] = (generated - 1) / max(elapsed - ttft, 1e-9)
+    return result
+
+
+ENGINES = {"hf": run_hf, "tokenmill": run_tokenmill}
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    result = ENGINES[request["engine"]](request["model"], request["workload"], request.get("options", {}))
+    sys.stdout.write("\n@@RESULT@@" + json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

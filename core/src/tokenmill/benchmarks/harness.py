@@ -1,0 +1,99 @@
+"""The benchmark harness: build a workload once, run each engine on it in its own subprocess, and
+report every figure with its ratio to HF transformers, plus whether the greedy outputs agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from tokenmill.benchmarks.workloads import chat_prompts
+
+WORKLOADS = {
+    "W1": {"num_prompts": 64, "output_len": 128},
+    "W2": {"num_prompts": 1, "output_len": 256},
+}
+
+
+def build_workload(model: str, name: str, num_prompts: int | None = None, output_len: int | None = None) -> dict[str, Any]:
+    """Token ids of the workload's chat prompts, rendered with the model's own tokenizer and template."""
+    from tokenmill.tokenizer.chat_template import chat_prompt_token_ids
+    from tokenmill.tokenizer.loader import load_tokenizer
+
+    spec = dict(WORKLOADS[name])
+    spec["num_prompts"] = num_prompts or spec["num_prompts"]
+    spec["output_len"] = output_len or spec["output_len"]
+    tokenizer = load_tokenizer(model)
+    prompts = [chat_prompt_token_ids(tokenizer, c)[1] for c in chat_prompts(spec["num_prompts"])]
+    return {"name": name, "prompts": prompts, "output_len": spec["output_len"]}
+
+
+def run_engine(engine: str, model: str, workload: dict[str, Any], options: dict[str, Any], timeout: float = 1800,
+               python: str = sys.executable) -> dict[str, Any]:
+    """One engine in a fresh process (its own process group, ended on timeout); errors are recorded, not raised."""
+    request = json.dumps({"engine": engine, "model": model, "workload": workload, "options": options})
+    started = time.perf_counter()
+    process = subprocess.Popen([python, "-m", "tokenmill.benchmarks.engine_process"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(request, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.communicate()
+        return {"error": f"timed out after {timeout:.0f} s"}
+    marker = stdout.rfind("@@RESULT@@")
+    if process.returncode != 0 or marker < 0:
+        tail = (stderr or stdout).strip().splitlines()[-5:]
+        return {"error": f"exit code {process.returncode}: " + " | ".join(tail)}
+    result = json.loads(stdout[marker + len("@@RESULT@@"):])
+    result["process_s"] = time.perf_counter() - started
+    return result
+
+
+def agreement(reference: list[list[int]], other: list[list[int]]) -> dict[str, Any]:
+    """How many sequences are token-for-token identical, and where the others first differ."""
+    same = sum(a == b for a, b in zip(reference, other))
+    first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(reference, other) if a != b]
+    return {"identical": same, "total": len(reference), "first_divergence": first}
+
+
+def compare(results: dict[str, dict[str, Any]], baseline: str = "hf") -> dict[str, Any]:
+    """Ratios of every engine's figures to the baseline's, and output agreement with it."""
+    base = results.get(baseline, {})
+    summary: dict[str, Any] = {}
+    for engine, result in results.items():
+        if "error" in result or engine == baseline or "error" in base or not base:
+            continue
+        entry = {}
+        for key in ("output_tok_s", "decode_tok_s"):
+            if key in result and key in base:
+                entry[f"{key}_ratio"] = result[key] / base[key]
+        if "outputs" in result and "outputs" in base:
+            entry["greedy_agreement"] = agreement(base["outputs"], result["outputs"])
+        summary[engine] = entry
+    return summary
+
+
+def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> str:
+    lengths = [len(p) for p in workload["prompts"]]
+    lines = [f"{workload['name']}: {len(lengths)} prompt(s) of {min(lengths)}-{max(lengths)} tokens x "
+             f"{workload['output_len']} new tokens"]
+    for engine, result in results.items():
+        if "error" in result:
+            lines.append(f"  {engine:<10} error: {result['error']}")
+            continue
+        line = f"  {engine:<10} {result['output_tok_s']:8.1f} output tok/s"
+        if "decode_tok_s" in result:
+            line += f"  decode {result['decode_tok_s']:6.1f} tok/s  TTFT {result['ttft_s'] * 1000:7.1f} ms"
+        line += f"  (load {result['load_s']:.1f} s)"
+        extra = ratios.get(engine, {})
+        if "output_tok_s_ratio" in extra:
+            line += f"  x{extra['output_tok_s_ratio']:.2f} vs hf"
+        if "greedy_agreement" in extra:
+            agree = extra["greedy_agreement"]
+            line += f"  identical {agree['identical']}/{agree['total']}"
+        lines.append(line)
+    return "\n".join(lines)

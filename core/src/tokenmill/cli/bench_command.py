@@ -1,0 +1,61 @@
+"""``tokenmill bench throughput|latency``: W1 / W2 on tokenmill, optionally beside HF transformers in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tokenmill.plugin_api import hookimpl
+
+_WORKLOAD = {"throughput": "W1", "latency": "W2"}
+
+
+@hookimpl
+def register_commands(subparsers: Any) -> None:
+    """Add ``bench throughput`` and ``bench latency`` (other distributions add e.g. ``bench serve``)."""
+    from tokenmill.cli.engine_flags import add_engine_flags
+
+    parser = subparsers.add_parser("bench", help="benchmark tokenmill (and HF transformers) on fixed workloads")
+    modes = parser.add_subparsers(dest="bench_mode", metavar="MODE")
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+    for mode, text in (("throughput", "W1: 64 chat prompts x 128 greedy tokens"),
+                       ("latency", "W2: one prompt x 256 greedy tokens")):
+        sub = modes.add_parser(mode, help=text)
+        sub.add_argument("--model", help="model directory or .gguf (default: the bundled SmolLM2-135M-Instruct)")
+        sub.add_argument("--num-prompts", type=int, help="override the workload's prompt count")
+        sub.add_argument("--output-len", type=int, help="override the workload's new tokens per prompt")
+        sub.add_argument("--compare-hf", action="store_true", help="also run HF transformers generate, same run")
+        sub.add_argument("--output", help="write the JSON results here")
+        add_engine_flags(sub)
+        sub.set_defaults(func=run, bench_mode=mode, dtype="float32")
+    # the registry is handed in by the CLI frame; bench does not need it
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the workload, run each engine in its own process, print the table and write JSON."""
+    from dataclasses import asdict, fields
+
+    from tokenmill.benchmarks.default_model import bundled_model_path
+    from tokenmill.benchmarks.harness import build_workload, compare, render, run_engine
+    from tokenmill.cli.engine_flags import engine_args_from
+    from tokenmill.config import EngineArgs
+
+    model = args.model or bundled_model_path()
+    workload = build_workload(model, _WORKLOAD[args.bench_mode], args.num_prompts, args.output_len)
+    engine_args = asdict(engine_args_from(args, model=model))
+    defaults = {f.name: f.default for f in fields(EngineArgs)}
+    overrides = {k: v for k, v in engine_args.items() if k != "model" and v != defaults.get(k)}
+    results = {}
+    if args.compare_hf:
+        results["hf"] = run_engine("hf", model, workload, {"dtype": args.dtype if args.dtype != "auto" else "float32"})
+    results["tokenmill"] = run_engine("tokenmill", model, workload, {"engine_args": overrides})
+    ratios = compare(results)
+    print(render(workload, results, ratios))
+    if args.output:
+        slim = {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()}
+        with open(args.output, "w") as f:
+            json.dump({"workload": {k: v for k, v in workload.items() if k != "prompts"},
+                       "prompt_lengths": [len(p) for p in workload["prompts"]],
+                       "results": slim, "ratios": ratios}, f, indent=2)
+    return 1 if any("error" in r for r in results.values()) else 0
