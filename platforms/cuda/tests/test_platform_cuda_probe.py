@@ -40,7 +40,8 @@ def test_device_details_once_cuda_is_initialised(simulated_cuda):
     simulated_cuda.devices(1, cc=(8, 0), name="NVIDIA A100-SXM4-40GB", total=40 << 30)
     simulated_cuda.initialised = True
     (device,) = CudaPlatform.probe().devices
-    assert (device.name, device.total_memory, device.extra["compute_capability"]) == ("NVIDIA A100-SXM4-40GB", 40 << 30, "8.0")
+    assert (device.name, device.total_memory) == ("NVIDIA A100-SXM4-40GB", 40 << 30)
+    assert device.extra["compute_capability"] == "8.0"
 
 
 def test_this_machine_has_no_cuda():

@@ -21,6 +21,7 @@ _EXPORTS = {
     "BatchMix": "tokenmill_testkit.attention_cases",
     "QuantizerConformance": "tokenmill_testkit.quantizer_conformance",
     "ProcessSnapshot": "tokenmill_testkit.side_effects",
+    "ScheduledRequest": "tokenmill_testkit.attention_batch",
     "make_attention_batch": "tokenmill_testkit.attention_batch",
 }
 

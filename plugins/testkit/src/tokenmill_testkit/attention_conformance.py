@@ -171,7 +171,7 @@ class AttentionBackendConformance:
                 self._check_output(out, want, spec, device, where)
                 assert_close(out, want, atol, rtol, f"attention output, {where}")
             if spec.kv_cache_dtype == "auto" and self._default_layout(scenario, run):
-                self._check_cache(scenario, run, ref, spec, f"layer {layer}")
+                self._check_cache(scenario, run, ref, f"layer {layer}")
 
     @staticmethod
     def _check_output(out: Any, want: torch.Tensor, spec: AttentionSpec, device: torch.device, where: str) -> None:
@@ -186,7 +186,7 @@ class AttentionBackendConformance:
         return tuple(run.cache.shape) == default
 
     @staticmethod
-    def _check_cache(scenario: AttentionScenario, run: LayerRun, ref: LayerRun, spec: AttentionSpec, where: str) -> None:
+    def _check_cache(scenario: AttentionScenario, run: LayerRun, ref: LayerRun, where: str) -> None:
         slots = scenario.written_slots()
         flat_shape = (2, scenario.num_blocks * scenario.block_size, scenario.num_kv_heads, scenario.head_size)
         written = run.cache.detach().cpu().reshape(flat_shape)[:, slots].float()

@@ -40,7 +40,8 @@ def _runtime_state() -> dict[str, bool]:
 def _watched_attributes() -> dict[str, dict[str, int]]:
     watched = {}
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "tokenmill" or name.startswith("tokenmill.") or name in WATCHED_TORCH_MODULES):
+        ours = name == "tokenmill" or name.startswith("tokenmill.")
+        if module is None or not (ours or name in WATCHED_TORCH_MODULES):
             continue
         watched[name] = {attr: id(value) for attr, value in list(vars(module).items())}
     return watched
@@ -69,7 +70,8 @@ class ProcessSnapshot:
         """What changed between this snapshot and ``after`` that a probe must not change.
         ``allowed_roots`` are top-level packages whose compiled extensions may be imported."""
         found = []
-        changed = sorted(k for k in self.environ.keys() | after.environ.keys() if self.environ.get(k) != after.environ.get(k))
+        keys = self.environ.keys() | after.environ.keys()
+        changed = sorted(k for k in keys if self.environ.get(k) != after.environ.get(k))
         if changed:
             found.append(f"os.environ changed: {', '.join(changed)}")
         removed = sorted(self.modules - after.modules)
