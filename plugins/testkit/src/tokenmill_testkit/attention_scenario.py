@@ -1,9 +1,9 @@
-"""AttentionScenario: one ``BatchMix`` turned into block tables and random per-layer inputs, and
-run step by step through any backend, as the engine would run it.
+"""AttentionScenario: a ``BatchMix`` as block tables and random inputs, run step by step through any backend.
 
-Inputs are drawn in float32 and rounded once to the test dtype, so a backend computing in that
-dtype and the float32 reference see exactly the same numbers. Cache tensors start filled with
-random values (as reused blocks would be), so a backend reading slots it should mask is caught.
+The steps run as the engine would run them. Inputs are drawn in float32 and rounded once to the
+test dtype, so a backend computing in that dtype and the float32 reference see exactly the same
+numbers. Cache tensors start filled with random values (as reused blocks would be), so a backend
+reading slots it should mask is caught.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The testkit's pytest plugin (entry point ``pytest11``): a ``--tokenmill-device`` option and a
-header line listing the installed tokenmill plugins. Loaded by every pytest run in an environment
+"""The testkit's pytest plugin (entry point ``pytest11``): ``--tokenmill-device`` and a plugin header line.
+
+The header lists the installed tokenmill plugins. Loaded by every pytest run in an environment
 that has the testkit, so it imports nothing heavy."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""QuantizerConformance: a quantization format and its kernels checked against the format's own
-reference kernel (the last one ``kernels()`` lists).
+"""QuantizerConformance: a quantization format and its kernels checked against the format's reference kernel.
+
+The reference kernel is the last one ``kernels()`` lists.
 
 Subclass it in a test file::
 
