@@ -1,0 +1,98 @@
+"""The GPTQ format (AutoGPTQ / GPTQModel / optimum checkpoints): 2, 3, 4 or 8-bit integer weights
+with per-group scales and zero points, optionally in activation order (``desc_act`` + ``g_idx``).
+
+Parameters, under the checkpoint's names (``out`` fused across shards along ``output_dim = 1``):
+
+* ``qweight`` int32 ``[in * bits / 32, out]``: weights packed along the input dimension;
+* ``qzeros`` int32 ``[groups, out * bits / 32]``: zero points packed along the output dimension
+  (``pack_factor = 32 / bits``; 3-bit shards are placed by a ``weight_loader``);
+* ``scales`` float16 ``[groups, out]``;
+* ``g_idx`` int32 ``[in]``: each input row's group (optional in the checkpoint: ``i // group_size``);
+  fused shards must agree on it, which they do since they share the layer input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill_quant_gptq.bitpack import packed_length
+from tokenmill_quant_gptq.gptq_config import GPTQConfig, read_quantization_config
+from tokenmill_quant_gptq.shard_loaders import BitPackedShardLoader, SharedGroupIndexLoader
+from tokenmill_quant_gptq.torch_kernel import GPTQTorchKernel
+
+
+class GPTQQuantizer(Quantizer):
+    """GPTQ checkpoints (``quant_method: gptq``), run by the plain-PyTorch reference kernel."""
+
+    name = "gptq"
+
+    def __init__(self, config: GPTQConfig | None = None) -> None:
+        self.config = config or GPTQConfig()
+
+    @classmethod
+    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
+        """1.0 when the quantization config says ``quant_method: gptq`` (or an AutoGPTQ
+        ``quantize_config.json`` sits next to the weights)."""
+        try:
+            config = read_quantization_config(hf_config, model_path)
+        except (OSError, ValueError):
+            return 0.0
+        return 1.0 if config is not None and str(config.get("quant_method", "")).lower() == "gptq" else 0.0
+
+    @classmethod
+    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> GPTQQuantizer:
+        """Parse bits, group size, act order, symmetry and checkpoint format."""
+        config = read_quantization_config(hf_config, model_path)
+        if config is None:
+            raise ValueError(f"{model_path}: no GPTQ quantization_config in config.json nor a quantize_config.json")
+        if config.get("is_marlin_format") or config.get("checkpoint_format") == "marlin":
+            raise ValueError(f"{model_path}: Marlin-repacked GPTQ checkpoints are not supported; use the GPTQ original")
+        return cls(GPTQConfig.from_dict(config))
+
+    def kernels(self) -> tuple[type[QuantKernel], ...]:
+        """The torch reference only (faster kernels come from platform plugins)."""
+        return (GPTQTorchKernel,)
+
+    def is_quantized(self, spec: LinearSpec) -> bool:
+        """False for ``lm_head`` (unless the config quantized it) and for ``modules_to_not_convert``."""
+        if spec.prefix.rpartition(".")[2] == "lm_head":
+            return self.config.lm_head
+        return not any(module in spec.prefix for module in self.config.modules_to_not_convert)
+
+    def create_weights(self, layer: Any, spec: LinearSpec) -> None:
+        """Register ``qweight``, ``qzeros``, ``scales`` and ``g_idx`` (see the module docstring)."""
+        config, bits = self.config, self.config.bits
+        if spec.in_features * bits % 32:
+            raise ValueError(f"{spec.prefix}: {spec.in_features} inputs do not pack into whole {bits}-bit int32 words")
+        for size in spec.output_sizes:
+            if size * bits % 32:
+                raise ValueError(f"{spec.prefix}: a shard of {size} outputs does not pack into whole {bits}-bit words")
+        groups = config.num_groups(spec.in_features)
+        qweight = _parameter(torch.zeros(spec.in_features * bits // 32, spec.out_features, dtype=torch.int32))
+        qweight.output_dim = 1
+        qzeros = _parameter(torch.zeros(groups, packed_length(spec.out_features, bits), dtype=torch.int32))
+        qzeros.output_dim = 1
+        if 32 % bits == 0:
+            qzeros.pack_factor = 32 // bits
+        else:
+            qzeros.weight_loader = BitPackedShardLoader(spec, bits, dim=1)
+        scales = _parameter(torch.zeros(groups, spec.out_features, dtype=torch.float16))
+        scales.output_dim = 1
+        group_size = spec.in_features if config.group_size == -1 else config.group_size
+        g_idx = _parameter(torch.arange(spec.in_features, dtype=torch.int32) // group_size)
+        g_idx.checkpoint_optional = True
+        g_idx.weight_loader = SharedGroupIndexLoader(spec, groups)
+        for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales), ("g_idx", g_idx)):
+            layer.register_parameter(name, param)
+        layer.gptq_config = config
+
+    def describe(self) -> str:
+        """``gptq 4-bit g128 sym``-style summary."""
+        return self.config.describe()
+
+
+def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(tensor, requires_grad=False)
