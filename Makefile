@@ -12,7 +12,7 @@ DISTS := core server \
 	platforms/cpu platforms/cuda platforms/rocm platforms/xpu platforms/metal \
 	attention_backends/triton \
 	quantization/gguf quantization/gptq quantization/awq quantization/fp8 quantization/int8 \
-	plugins/testkit
+	plugins/testkit plugins/examples/fake_device
 DIST_FILES := $(foreach d,$(DISTS),$(wildcard $(d)/pyproject.toml))
 
 .PHONY: install serve test test-fast bench bench-peers bench-serve clean

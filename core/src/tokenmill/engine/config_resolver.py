@@ -142,7 +142,8 @@ def resolve_config(args: EngineArgs) -> EngineConfig:
     model_limit = getattr(config, "max_position_embeddings", None) or 2048
     max_model_len = args.max_model_len or model_limit
     if args.max_model_len and args.max_model_len > model_limit:
-        report.append(f"note: max_model_len {args.max_model_len} exceeds the model's {model_limit} positions")
+        raise ValueError(f"max_model_len={args.max_model_len} is larger than the model's {model_limit} positions "
+                         f"(max_position_embeddings)")
 
     kv_dtype = args.kv_cache_dtype
     per_token = _kv_bytes_per_token(hf_config, kv_dtype, dtype)
