@@ -1,0 +1,45 @@
+"""The AWQ reference kernel: unpack, dequantize ``(q - zero) * scale`` and matmul, a tile of output
+columns at a time."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+
+from tokenmill_quant_awq.packing import PER_WORD, unpack_int4
+
+
+def dequantize_columns(layer: Any, first: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """Weights ``[in_features, end - first]`` of output columns ``first:end`` (multiples of 8)."""
+    words = slice(first // PER_WORD, end // PER_WORD)
+    q = unpack_int4(layer.qweight[:, words])
+    zeros = unpack_int4(layer.qzeros[:, words])
+    groups = torch.arange(q.shape[0], device=q.device) // layer.awq_group_size
+    return (q - zeros[groups]).to(dtype) * layer.scales[groups, first:end].to(dtype)
+
+
+class AWQTorchKernel(QuantKernel):
+    """Plain PyTorch on any device: the correctness oracle for faster AWQ kernels."""
+
+    name = "awq-torch"
+    tile_elements: ClassVar[int] = 1 << 22
+
+    @classmethod
+    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
+        """Runs every layer the format accepts."""
+        return None
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x @ W + bias``."""
+        in_features, out_features = x.shape[-1], layer.scales.shape[1]
+        rows = x.reshape(-1, in_features)
+        out = rows.new_empty(rows.shape[0], out_features)
+        tile = max(PER_WORD, self.tile_elements // in_features // PER_WORD * PER_WORD)
+        for first in range(0, out_features, tile):
+            end = min(out_features, first + tile)
+            out[:, first:end] = rows @ dequantize_columns(layer, first, end, rows.dtype)
+        if bias is not None:
+            out += bias
+        return out.reshape(*x.shape[:-1], out_features)
