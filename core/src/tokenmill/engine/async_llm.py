@@ -1,0 +1,382 @@
+"""AsyncLLM: the asyncio front end of the server — an InputProcessor and an OutputProcessor in this
+process, the EngineCore in its own process behind an EngineCoreClient (LLMEngine's structure, async).
+
+One task reads the engine's outputs and routes RequestOutputs to per-request queues, so the event
+loop never waits on the model. Tokenization and chat templates run on one worker thread. When the
+engine dies every waiting request fails with EngineDeadError instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.config import EngineArgs, ModelConfig
+from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
+from tokenmill.engine.core_process import EngineCoreFailure, EngineCoreReady
+from tokenmill.engine.input_processor import InputProcessor
+from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.stats import SchedulerStats
+from tokenmill.tokenizer import TokenizerLoadError, bad_words_token_ids, load_tokenizer
+
+logger = logging.getLogger("tokenmill")
+
+__all__ = ["AsyncLLM", "EngineDeadError", "FinishedRequestStats", "IterationStats", "QueueFullError",
+           "RequestAbortedError", "RequestRejectedError"]
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is full: try again later."""
+
+
+class RequestRejectedError(ValueError):
+    """The engine core refused the request (e.g. it can never fit in the KV cache)."""
+
+
+class RequestAbortedError(RuntimeError):
+    """The server aborted the request (e.g. it is shutting down)."""
+
+
+@dataclass
+class FinishedRequestStats:
+    """One user request that ended (finished, stopped, or aborted)."""
+
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """What changed in one engine step (or one abort), for metrics and the periodic log line.
+
+    ``scheduler`` holds the engine's gauges and running totals; it is None for front-end-only events.
+    """
+
+    timestamp: float
+    scheduler: SchedulerStats | None = None
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_token: list[float] = field(default_factory=list)
+    inter_token_latency: list[float] = field(default_factory=list)
+    finished: list[FinishedRequestStats] = field(default_factory=list)
+
+
+StatsListener = Callable[[IterationStats], None]
+
+
+class _Tracked:
+    """A running user request: its output queue and its timing."""
+
+    def __init__(self, request_id: str, engine_ids: list[str], num_prompt_tokens: int, arrival: float) -> None:
+        self.request_id = request_id
+        self.engine_ids = engine_ids
+        self.num_prompt_tokens = num_prompt_tokens
+        self.arrival = arrival
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.num_generation_tokens = 0
+
+
+def front_end_model_config(ready: EngineCoreReady) -> ModelConfig:
+    """The ModelConfig as the front end sees it: limits and defaults, no HF config (it stays in the engine)."""
+    return ModelConfig(
+        path=ready.model_path, tokenizer_path=ready.tokenizer_path, architecture=ready.architecture, hf_config=None,
+        dtype=ready.dtype, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size,
+        eos_token_ids=tuple(ready.eos_token_ids), generation_defaults=dict(ready.generation_defaults),
+        served_model_name=ready.served_model_name, quantization=ready.quantization, chat_template=ready.chat_template)
+
+
+def _load_tokenizer_or_none(args: EngineArgs) -> Any | None:
+    try:
+        return load_tokenizer(args.tokenizer or args.model)
+    except TokenizerLoadError:
+        return None
+
+
+def _tokenizer_from_resolved_config(args: EngineArgs) -> Any:
+    """The tokenizer a quantization format supplies from its checkpoint (needs the full resolution)."""
+    from tokenmill.engine.config_resolver import resolve_config
+    from tokenmill.engine.llm_engine import load_model_tokenizer
+
+    return load_model_tokenizer(resolve_config(args))
+
+
+class AsyncLLM:
+    """add_request() queues a request and returns its RequestOutputs as an async iterator; abort() stops it."""
+
+    def __init__(self, client: EngineCoreClient, tokenizer: Any, *, max_waiting_requests: int | None = None) -> None:
+        assert client.ready is not None, "start the client and wait until it is ready"
+        self.client = client
+        self.ready = client.ready
+        self.tokenizer = tokenizer
+        self.model_config = front_end_model_config(self.ready)
+        self.inputs = InputProcessor(tokenizer, self.model_config, self.ready.max_logprobs)
+        self.outputs = OutputProcessor()
+        self.max_waiting_requests = max_waiting_requests
+        self.dead_error: EngineDeadError | None = None
+        self.last_scheduler_stats: SchedulerStats | None = None
+        self._requests: dict[str, _Tracked] = {}
+        self._parents: dict[str, str] = {}  # engine-core id -> user request id
+        self._num_sequences = 0
+        self._listeners: list[StatsListener] = []
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        self._output_task: asyncio.Task | None = None
+        self._death_callbacks: list[Callable[[EngineDeadError], None]] = []
+
+    @classmethod
+    async def from_engine_args(cls, args: EngineArgs, *, max_waiting_requests: int | None = None,
+                               ready_timeout: float | None = None) -> AsyncLLM:
+        """Start the engine process and load the tokenizer meanwhile; return once both are ready."""
+        client = await EngineCoreClient.start(args)
+        tokenizer_load = asyncio.create_task(asyncio.to_thread(_load_tokenizer_or_none, args))
+        try:
+            await client.wait_ready(ready_timeout)
+            tokenizer = await tokenizer_load
+            if tokenizer is None:
+                tokenizer = await asyncio.to_thread(_tokenizer_from_resolved_config, args)
+        except BaseException:
+            tokenizer_load.cancel()
+            client.shutdown()
+            raise
+        engine = cls(client, tokenizer, max_waiting_requests=max_waiting_requests)
+        engine.start()
+        return engine
+
+    def start(self) -> None:
+        """Start the task that reads the engine's outputs (call from the running event loop)."""
+        if self._output_task is None:
+            self._output_task = asyncio.get_running_loop().create_task(self._read_outputs(), name="engine-outputs")
+
+    # -- inputs ----------------------------------------------------------------------------------
+
+    async def run_tokenizer(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function`` (tokenization, a chat template) on the tokenizer thread, off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_pool, lambda: function(*args, **kwargs))
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``."""
+        return await self.run_tokenizer(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
+
+    async def render_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
+        """The chat prompt text and its token ids (``InputProcessor.chat`` on the tokenizer thread)."""
+        return await self.run_tokenizer(self.inputs.chat, messages, **kwargs)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults."""
+        return SamplingParams(**self.model_config.generation_defaults)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_error is not None
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+                    prompt_text: str | None = None, priority: int = 0,
+                    cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Validate and queue a tokenized request now; return the iterator of its RequestOutputs.
+
+        Raises ValueError (invalid), QueueFullError or EngineDeadError before anything is queued.
+        Closing the iterator early (a client disconnect, a cancelled task) aborts all its sequences;
+        so does ``abort(request_id)`` for an iterator that was never started.
+        """
+        return self._outputs(self._add(request_id, prompt_token_ids, params, prompt_text, priority, cache_salt))
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       **kwargs: Any) -> AsyncIterator[RequestOutput]:
+        """``add_request`` and iterate: yields the request's RequestOutputs until it finishes."""
+        async for output in self.add_request(request_id, prompt_token_ids, params, **kwargs):
+            yield output
+
+    async def _outputs(self, tracked: _Tracked) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                item = await tracked.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(tracked.request_id)
+
+    def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt_text: str | None,
+             priority: int, cache_salt: str | None) -> _Tracked:
+        if self.dead_error is not None:
+            raise self.dead_error
+        params = self.inputs.validate(prompt_token_ids, params)
+        if params.bad_words and params.bad_words_token_ids is None:
+            params = params.clone(bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
+        self._check_admission(params.num_candidates)
+        arrival = time.time()
+        engine_requests = self.outputs.add_request(request_id, prompt_text, prompt_token_ids, params, self.tokenizer,
+                                                   arrival)
+        engine_ids = [engine_id for engine_id, _ in engine_requests]
+        tracked = _Tracked(request_id, engine_ids, len(prompt_token_ids), arrival)
+        self._requests[request_id] = tracked
+        self._num_sequences += len(engine_ids)
+        first = engine_ids[0] if len(engine_ids) > 1 else None
+        eos = list(self.inputs.eos_token_ids)
+        for engine_id, child_params in engine_requests:
+            self._parents[engine_id] = request_id
+            self.client.add_request(EngineCoreRequest(
+                engine_id, prompt_token_ids, child_params, eos_token_ids=eos, arrival_time=arrival, priority=priority,
+                cache_salt=cache_salt, fork_of=first if engine_id != first else None))
+        return tracked
+
+    def _check_admission(self, num_sequences: int) -> None:
+        if self.max_waiting_requests is None:
+            return
+        capacity = self.ready.max_num_seqs + self.max_waiting_requests
+        if self._num_sequences + num_sequences > capacity:
+            raise QueueFullError(f"The server is at capacity ({self._num_sequences} sequences running or waiting, "
+                                 f"at most {capacity}); retry later.")
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (all its sequences); the engine frees its cache blocks at its next step."""
+        tracked = self._forget(request_id)
+        if tracked is None:
+            return
+        if self.client.is_alive:
+            self.client.abort_requests(self.outputs.abort([request_id]))
+        else:
+            self.outputs.abort([request_id])
+        now = time.time()
+        self._emit(IterationStats(now, finished=[FinishedRequestStats(
+            "abort", now - tracked.arrival, tracked.num_prompt_tokens, tracked.num_generation_tokens)]))
+
+    def abort_all(self, message: str) -> int:
+        """Abort every request; each waiting generate() raises RequestAbortedError(message)."""
+        tracked = list(self._requests.values())
+        for request in tracked:
+            request.queue.put_nowait(RequestAbortedError(message))
+            self.abort(request.request_id)
+        return len(tracked)
+
+    def _forget(self, request_id: str) -> _Tracked | None:
+        tracked = self._requests.pop(request_id, None)
+        if tracked is not None:
+            self._num_sequences -= len(tracked.engine_ids)
+            for engine_id in tracked.engine_ids:
+                self._parents.pop(engine_id, None)
+        return tracked
+
+    # -- outputs ---------------------------------------------------------------------------------
+
+    async def _read_outputs(self) -> None:
+        try:
+            while True:
+                message = await self.client.get_output()
+                if isinstance(message, EngineCoreFailure):
+                    self._reject(message)
+                else:
+                    self._process(message)
+        except EngineDeadError as error:
+            self._die(error)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a bug here must not leave requests hanging
+            logger.exception("the engine output loop failed")
+            self._die(EngineDeadError(f"the engine output loop failed: {type(error).__name__}"))
+
+    def _reject(self, failure: EngineCoreFailure) -> None:
+        request_id = self._parents.get(failure.request_id or "")
+        if request_id is None:
+            return
+        tracked = self._requests[request_id]
+        self.abort(request_id)
+        tracked.queue.put_nowait(RequestRejectedError(failure.message))
+
+    def _process(self, step: EngineCoreOutputs) -> None:
+        now = time.time()
+        stats = IterationStats(now, scheduler=SchedulerStats(
+            num_running=step.num_running, num_waiting=step.num_waiting, kv_cache_usage=step.kv_cache_usage,
+            prefix_cache_queries=step.prefix_cache_queries, prefix_cache_hits=step.prefix_cache_hits,
+            num_preemptions=step.num_preemptions))
+        self.last_scheduler_stats = stats.scheduler
+        stepped: set[str] = set()
+        for output in step.outputs:
+            request_id = self._parents.get(output.request_id)
+            if request_id is None or not output.new_token_ids:
+                continue
+            tracked = self._requests[request_id]
+            tracked.num_generation_tokens += len(output.new_token_ids)
+            stats.num_generation_tokens += len(output.new_token_ids)
+            if request_id in stepped:
+                continue
+            stepped.add(request_id)
+            if tracked.first_token_time is None:
+                tracked.first_token_time = now
+                stats.time_to_first_token.append(now - tracked.arrival)
+                stats.num_prompt_tokens += tracked.num_prompt_tokens
+            else:
+                stats.inter_token_latency.append(now - tracked.last_token_time)
+            tracked.last_token_time = now
+        request_outputs, stopped = self.outputs.process(step.outputs, now)
+        if stopped:
+            self.client.finish_requests(stopped)
+        for request_output in request_outputs:
+            tracked = self._requests.get(request_output.request_id)
+            if tracked is None:
+                continue
+            tracked.queue.put_nowait(request_output)
+            if request_output.finished:
+                self._forget(tracked.request_id)
+                reason = next((c.finish_reason for c in request_output.outputs if c.finish_reason), "stop")
+                stats.finished.append(FinishedRequestStats(reason, now - tracked.arrival, tracked.num_prompt_tokens,
+                                                           tracked.num_generation_tokens))
+        self._emit(stats)
+
+    def _die(self, error: EngineDeadError) -> None:
+        logger.error("the engine stopped: %s", error)
+        self.dead_error = error
+        for tracked in list(self._requests.values()):
+            self._forget(tracked.request_id)
+            tracked.queue.put_nowait(error)
+        for callback in self._death_callbacks:
+            callback(error)
+
+    # -- observers -------------------------------------------------------------------------------
+
+    def add_stats_listener(self, listener: StatsListener) -> None:
+        """Call ``listener(IterationStats)`` after every engine step and every abort (must be fast)."""
+        self._listeners.append(listener)
+
+    def on_death(self, callback: Callable[[EngineDeadError], None]) -> None:
+        """Call ``callback(error)`` once if the engine process dies."""
+        self._death_callbacks.append(callback)
+
+    def _emit(self, stats: IterationStats) -> None:
+        for listener in self._listeners:
+            try:
+                listener(stats)
+            except Exception:  # a broken metrics listener must not break serving
+                logger.exception("a stats listener failed")
+
+    async def shutdown(self) -> None:
+        """Stop reading outputs, stop the engine process and the tokenizer thread."""
+        if self._output_task is not None:
+            self._output_task.cancel()
+            await asyncio.gather(self._output_task, return_exceptions=True)
+        self.client.shutdown()
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)

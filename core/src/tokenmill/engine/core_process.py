@@ -1,0 +1,213 @@
+"""The engine-core process: an EngineCore behind two ZMQ IPC sockets, and the wire protocol to it.
+
+Started by ``EngineCoreClient`` as ``python -m tokenmill.engine.core_process`` (a fresh
+interpreter, never multiprocessing: nothing is pickled). The parent writes the EngineArgs as JSON
+to stdin; every later message is a multipart ZMQ frame ``[kind, msgpack payload]``:
+
+- parent -> engine (PULL socket): ADD (EngineCoreRequest), ABORT / FINISH (list of request ids),
+  SHUTDOWN;
+- engine -> parent (PUSH socket): READY (EngineCoreReady, once the model is loaded), OUTPUTS
+  (EngineCoreOutputs, one per step), REJECTED (EngineCoreFailure for a request the core refused),
+  DEAD (EngineCoreFailure, then the process exits).
+
+The process dies with its parent: PR_SET_PDEATHSIG on Linux plus a watchdog on the parent's pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import msgspec
+import zmq
+
+from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+
+logger = logging.getLogger("tokenmill")
+
+ADD, ABORT, FINISH, SHUTDOWN = b"add", b"abort", b"finish", b"shutdown"
+READY, OUTPUTS, REJECTED, DEAD = b"ready", b"outputs", b"rejected", b"dead"
+_IDLE_POLL_MS = 1000
+_PR_SET_PDEATHSIG = 1
+
+
+class EngineCoreReady(msgspec.Struct):
+    """What the front end needs to know about the loaded engine (the model's limits, defaults, report)."""
+
+    served_model_name: str
+    model_path: str
+    tokenizer_path: str
+    architecture: str
+    dtype: str
+    quantization: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, Any]
+    chat_template: str | None
+    max_logprobs: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    scheduling_policy: str
+    num_kv_blocks: int
+    block_size: int
+    platform: str
+    device: str
+    report: str
+
+
+class EngineCoreFailure(msgspec.Struct):
+    """A request the core refused (``request_id`` set), or why the engine stopped (``request_id`` None)."""
+
+    message: str
+    request_id: str | None = None
+
+
+encoder = msgspec.msgpack.Encoder()
+request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+ids_decoder = msgspec.msgpack.Decoder(list[str])
+ready_decoder = msgspec.msgpack.Decoder(EngineCoreReady)
+outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+failure_decoder = msgspec.msgpack.Decoder(EngineCoreFailure)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Exit when ``parent_pid`` goes away: the kernel's parent-death signal where there is one
+    (Linux), and everywhere a thread that checks the parent's pid once a second."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def ready_message(config: Any) -> EngineCoreReady:
+    """The READY payload for a resolved EngineConfig."""
+    model, platform = config.model, config.selection.platform_instance
+    return EngineCoreReady(
+        served_model_name=model.served_model_name, model_path=model.path, tokenizer_path=model.tokenizer_path,
+        architecture=model.architecture, dtype=model.dtype, quantization=model.quantization,
+        max_model_len=model.max_model_len, vocab_size=model.vocab_size, eos_token_ids=list(model.eos_token_ids),
+        generation_defaults=dict(model.generation_defaults), chat_template=model.chat_template,
+        max_logprobs=config.max_logprobs, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, scheduling_policy=config.scheduling_policy,
+        num_kv_blocks=config.cache.num_blocks, block_size=config.cache.block_size, platform=platform.name,
+        device=str(platform.torch_device()), report=config.render_report())
+
+
+class EngineCoreProc:
+    """The busy loop: take every queued message, run one step while there is work, send the outputs."""
+
+    def __init__(self, core: Any, requests: zmq.Socket, outputs: zmq.Socket) -> None:
+        self.core = core
+        self.requests = requests
+        self.outputs = outputs
+        self._poller = zmq.Poller()
+        self._poller.register(requests, zmq.POLLIN)
+        self._running = True
+        self._last_counters: tuple | None = None
+
+    def run(self) -> None:
+        while self._running:
+            busy = self.core.has_unfinished_requests()
+            if self._poller.poll(0 if busy else _IDLE_POLL_MS):
+                self._drain_requests()
+            if self._running and self.core.has_unfinished_requests():
+                self._send_step(self.core.step())
+
+    def _drain_requests(self) -> None:
+        while self._running:
+            try:
+                kind, payload = self.requests.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(kind, payload)
+
+    def _handle(self, kind: bytes, payload: bytes) -> None:
+        if kind == ADD:
+            request = request_decoder.decode(payload)
+            try:
+                self.core.add_request(request)
+            except ValueError as error:
+                self.outputs.send_multipart([REJECTED, encoder.encode(EngineCoreFailure(str(error), request.request_id))])
+        elif kind == ABORT:
+            self.core.abort_requests(ids_decoder.decode(payload))
+        elif kind == FINISH:
+            self.core.finish_requests(ids_decoder.decode(payload), stop_reason=None)
+        elif kind == SHUTDOWN:
+            self._running = False
+        else:
+            logger.warning("engine core: ignored a message of unknown kind %r", kind[:32])
+
+    def _send_step(self, step: EngineCoreOutputs) -> None:
+        counters = (step.num_running, step.num_waiting, step.kv_cache_usage, step.prefix_cache_queries,
+                    step.prefix_cache_hits, step.num_preemptions)
+        if step.outputs or counters != self._last_counters:
+            self.outputs.send_multipart([OUTPUTS, encoder.encode(step)])
+            self._last_counters = counters
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tokenmill.engine.core_process",
+                                     description="The tokenmill engine core (started by the server; EngineArgs "
+                                                 "as JSON on stdin).")
+    parser.add_argument("--requests", required=True, help="ZMQ address to pull requests from")
+    parser.add_argument("--outputs", required=True, help="ZMQ address to push outputs to")
+    parser.add_argument("--parent-pid", type=int, required=True, help="exit when this process goes away")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the engine core until SHUTDOWN, a fatal error, or the parent's death."""
+    options = _parse_args(argv)
+    die_with_parent(options.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [engine] %(message)s")
+    context = zmq.Context()
+    requests, outputs = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    requests.connect(options.requests)
+    outputs.connect(options.outputs)
+    outputs.setsockopt(zmq.LINGER, 5000)
+    core = None
+    try:
+        from tokenmill.config import EngineArgs
+        from tokenmill.engine.config_resolver import resolve_config
+        from tokenmill.engine.core_builder import build_engine_core
+
+        config = resolve_config(EngineArgs.from_kwargs(**json.loads(sys.stdin.read())))
+        logger.info("engine configuration:\n%s", config.render_report())
+        core = build_engine_core(config)
+        outputs.send_multipart([READY, encoder.encode(ready_message(config))])
+        EngineCoreProc(core, requests, outputs).run()
+        return 0
+    except Exception as error:  # reported to the front end, which turns it into 503s and an exit
+        logger.exception("engine core failed")
+        outputs.send_multipart([DEAD, encoder.encode(EngineCoreFailure(f"{type(error).__name__}: {error}"))])
+        return 1
+    finally:
+        if core is not None:
+            core.shutdown()
+        requests.close(linger=0)
+        outputs.close()
+        context.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""``tokenmill bench serve``: a load client for a running server."""

@@ -1,0 +1,65 @@
+"""Request fields shared by the OpenAI completions and chat APIs: standard sampling fields plus
+vLLM's extra sampling parameters. Bounds live in the schema (so /openapi.json tells fuzzers and
+clients the truth); caps that depend on the server's flags are checked in ``sampling``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+class ApiModel(BaseModel):
+    """Unknown fields are accepted (OpenAI compatibility) and reported by ``ignored_fields``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or ())
+
+
+class StreamOptions(ApiModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(ApiModel):
+    """Fields of both OpenAI endpoints. ``None`` means "the model's generation_config.json default"."""
+
+    model: str | None = Field(None, description="Served model name; omitted means the default model.")
+    n: int = Field(1, ge=1, le=INT64_MAX)
+    presence_penalty: FiniteFloat = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: FiniteFloat = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: FiniteFloat | None = Field(None, gt=0.0, le=1e6)
+    temperature: FiniteFloat | None = Field(None, ge=0.0, le=2.0)
+    top_p: FiniteFloat | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX)
+    min_p: FiniteFloat | None = Field(None, ge=0.0, le=1.0)
+    seed: Int64 | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    allowed_token_ids: list[TokenId] | None = None
+    logit_bias: dict[str, FiniteFloat] | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=INT64_MAX)
+    priority: Int64 = 0
+    cache_salt: str | None = Field(None, min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    request_id: str | None = Field(None, max_length=256)
+    logits_processors: Any = Field(None, description="Not supported: must be absent.")
+    structured_outputs: Any = Field(None, description="Not supported yet: must be absent.")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)
+    return_tokens_as_token_ids: bool = False

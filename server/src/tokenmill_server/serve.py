@@ -1,0 +1,131 @@
+"""serve(): load the engine, then open the port; drain on SIGTERM; exit when the engine dies.
+
+Lifecycle: the engine process loads the model while this process loads the tokenizer; only then
+does uvicorn bind, so a client never sees a port that cannot answer. The first SIGTERM/SIGINT
+stops accepting (new requests and /health get 503), lets running requests finish for up to
+``--shutdown-timeout`` seconds, aborts the rest with an error, and exits 0; a second one exits at
+once. If the engine dies, /health turns 503, running requests get errors, and the server exits 1
+(unless ``--keep-alive-on-engine-death``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import uvicorn
+from tokenmill.config import EngineArgs
+from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError
+
+from tokenmill_server.app import build_app
+from tokenmill_server.server_args import ServerSettings
+from tokenmill_server.state import ServerState
+from tokenmill_server.throughput_log import ThroughputLog
+
+logger = logging.getLogger("tokenmill.server")
+_ABORT_FLUSH_SECONDS = 0.5
+_DEATH_EXIT_DELAY = 1.0
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn with tokenmill's shutdown: signals start a drain instead of an immediate exit."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, settings: ServerSettings, grpc: Any,
+                 launched: float) -> None:
+        super().__init__(config)
+        self.launched = launched
+        self.state = state
+        self.settings = settings
+        self.grpc = grpc
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+        if self.started:
+            logger.info("tokenmill serve: %s ready on http://%s:%d%s; startup took %.1f s", self.state.model.name,
+                        self.config.host, self.config.port,
+                        f" and gRPC port {self.settings.grpc_port}" if self.grpc else "",
+                        time.monotonic() - self.launched)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.state.draining:  # a second signal: stop now
+            self.force_exit = True
+            self.should_exit = True
+            return
+        self.state.draining = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._begin_drain)
+        else:
+            self.should_exit = True
+
+    def _begin_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self.drain())
+
+    async def drain(self) -> None:
+        """Stop accepting, wait for running requests up to the timeout, abort the rest, exit."""
+        engine = self.state.engine
+        if self.grpc is not None:
+            self.grpc.set_serving(False)
+        deadline = time.monotonic() + self.settings.shutdown_timeout
+        logger.info("shutting down: %d requests running, waiting up to %.0f s", engine.num_unfinished_requests,
+                    self.settings.shutdown_timeout)
+        while engine.num_unfinished_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        aborted = engine.abort_all("The server is shutting down.")
+        if aborted:
+            logger.info("aborted %d requests", aborted)
+            await asyncio.sleep(_ABORT_FLUSH_SECONDS)  # let their error responses go out
+        self.should_exit = True
+
+    def engine_died(self, error: EngineDeadError) -> None:
+        if self.settings.keep_alive_on_engine_death:
+            return
+        self.exit_code = 1
+        if self.grpc is not None:
+            self.grpc.set_serving(False)
+        asyncio.get_running_loop().call_later(_DEATH_EXIT_DELAY, setattr, self, "should_exit", True)
+
+
+async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manager: Any = None) -> int:
+    """Run the server until shutdown; returns the process exit code."""
+    started = time.monotonic()
+    try:
+        engine = await AsyncLLM.from_engine_args(engine_args, max_waiting_requests=settings.max_waiting_requests,
+                                                 ready_timeout=settings.ready_timeout)
+    except EngineDeadError as error:
+        logger.error("%s", error)
+        return 1
+    logger.info("engine ready in %.1f s (%s on %s, %d KV blocks of %d tokens, max_model_len %d)",
+                time.monotonic() - started, engine.ready.served_model_name, engine.ready.device,
+                engine.ready.num_kv_blocks, engine.ready.block_size, engine.ready.max_model_len)
+    grpc = None
+    log_task = None
+    try:
+        app = build_app(engine, settings, plugin_manager)
+        state: ServerState = app.state.server
+        if settings.grpc_port is not None:
+            from tokenmill_server.grpc_api.service import start_grpc_server
+
+            grpc = await start_grpc_server(state, settings)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, http="h11", lifespan="off",
+                                log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=5,
+                                access_log=False)
+        server = _UvicornServer(config, state, settings, grpc, started)
+        engine.on_death(server.engine_died)
+        if settings.log_interval > 0:
+            throughput = ThroughputLog(settings.log_interval)
+            engine.add_stats_listener(throughput.observe)
+            log_task = asyncio.ensure_future(throughput.run())
+        await server.serve()
+        return server.exit_code if server.started else 1
+    finally:
+        if log_task is not None:
+            log_task.cancel()
+        if grpc is not None:
+            await grpc.stop(grace=1.0)
+        await engine.shutdown()

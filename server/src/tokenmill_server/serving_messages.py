@@ -1,0 +1,150 @@
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API, with its event
+sequence when streaming (message_start, content_block_start, ping, content_block_delta...,
+content_block_stop, message_delta, message_stop)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from tokenmill.outputs import CompletionOutput
+from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+
+from tokenmill_server.conversation import anthropic_conversation
+from tokenmill_server.errors import ApiError, bad_request, error_body, unsupported
+from tokenmill_server.event_stream import EventStreamResponse, named_event
+from tokenmill_server.generation import (
+    ClientDisconnected,
+    engine_errors,
+    final_output,
+    new_request_id,
+    until_disconnected,
+)
+from tokenmill_server.protocol.anthropic import CountTokensRequest, MessagesRequest
+from tokenmill_server.sampling import check_context, check_model, stop_strings
+from tokenmill_server.state import ServerState, server_state
+
+logger = logging.getLogger("tokenmill.server")
+PATH = "/v1/messages"
+
+
+def _check_features(body: CountTokensRequest) -> None:
+    tool_choice = (body.tool_choice or {}).get("type")
+    if body.tools and tool_choice != "none":
+        raise unsupported("Tool use (tools with a tool_choice other than {'type': 'none'})", "tool_choice")
+    if body.thinking and body.thinking.get("type") not in (None, "disabled"):
+        raise unsupported("Extended thinking", "thinking")
+
+
+async def _render(state: ServerState, body: CountTokensRequest) -> tuple[str, list[int]]:
+    conversation = anthropic_conversation(body.system, body.messages)
+    prefill = conversation[-1]["role"] == "assistant"  # continue the assistant's partial answer
+    options: dict[str, Any] = {"add_generation_prompt": not prefill}
+    if prefill:
+        options["continue_final_message"] = True
+    with engine_errors():
+        return await state.engine.render_chat(conversation, **options)
+
+
+async def count_tokens(body: CountTokensRequest, http: Request) -> Response:
+    state = server_state(http)
+    state.check_accepting()
+    check_model(body.model, state.model)
+    _check_features(body)
+    _, ids = await _render(state, body)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+def _sampling_params(body: MessagesRequest, state: ServerState) -> SamplingParams:
+    values = {k: v for k, v in state.model.generation_defaults.items() if k != "max_tokens"}
+    for name in ("temperature", "top_p", "top_k"):
+        if getattr(body, name) is not None:
+            values[name] = getattr(body, name)
+    values.update(max_tokens=body.max_tokens, stop=stop_strings(body.stop_sequences, state.limits, "stop_sequences"),
+                  output_kind=RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY)
+    try:
+        return SamplingParams(**values)
+    except ValueError as error:
+        raise bad_request(str(error)) from None
+
+
+def stop_reason(completion: CompletionOutput) -> tuple[str, str | None]:
+    """Anthropic's (stop_reason, stop_sequence) for a finished completion."""
+    if completion.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(completion.stop_reason, str):
+        return "stop_sequence", completion.stop_reason
+    return "end_turn", None
+
+
+async def create_message(body: MessagesRequest, http: Request) -> Response:
+    state = server_state(http)
+    state.check_accepting()
+    name = check_model(body.model, state.model)
+    _check_features(body)
+    params = _sampling_params(body, state)
+    text, ids = await _render(state, body)
+    check_context(len(ids), body.max_tokens, state.model)
+    message_id = new_request_id("msg").replace("-", "_")
+    with engine_errors(state.metrics):
+        stream = state.engine.add_request(message_id, ids, params, prompt_text=text)
+    view = _MessageView(message_id, name, len(ids))
+    if body.stream:
+        return EventStreamResponse(view.stream(stream), on_close=lambda: state.engine.abort(message_id))
+    try:
+        with engine_errors():
+            output = await until_disconnected(http, final_output(stream))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        state.engine.abort(message_id)
+    completion = output.outputs[0]
+    reason, sequence = stop_reason(completion)
+    return JSONResponse({"id": message_id, "type": "message", "role": "assistant", "model": name,
+                         "content": [{"type": "text", "text": completion.text}], "stop_reason": reason,
+                         "stop_sequence": sequence,
+                         "usage": view.usage(output.num_cached_tokens or 0, len(completion.token_ids))})
+
+
+class _MessageView:
+    def __init__(self, message_id: str, model: str, num_prompt_tokens: int) -> None:
+        self.id = message_id
+        self.model = model
+        self.num_prompt_tokens = num_prompt_tokens
+
+    def usage(self, cached: int, output_tokens: int) -> dict[str, int]:
+        """Anthropic counts cache reads apart from input_tokens."""
+        return {"input_tokens": self.num_prompt_tokens - cached, "output_tokens": output_tokens,
+                "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+    async def stream(self, outputs):
+        output_tokens = 0
+        try:
+            yield named_event("message_start", {"type": "message_start", "message": {
+                "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                "stop_reason": None, "stop_sequence": None, "usage": self.usage(0, 0)}})
+            yield named_event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                      "content_block": {"type": "text", "text": ""}})
+            yield named_event("ping", {"type": "ping"})
+            with engine_errors():
+                async for output in outputs:
+                    completion = output.outputs[0]
+                    output_tokens += len(completion.token_ids)
+                    if completion.text:
+                        yield named_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
+                            "type": "text_delta", "text": completion.text}})
+                    if completion.finish_reason is not None:
+                        reason, sequence = stop_reason(completion)
+                        yield named_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+                        yield named_event("message_delta", {
+                            "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                            "usage": {"output_tokens": output_tokens}})
+                        yield named_event("message_stop", {"type": "message_stop"})
+                        return
+        except ApiError as error:
+            yield named_event("error", error_body(error, PATH))
+        except Exception:
+            logger.exception("message stream failed")
+            yield named_event("error", error_body(ApiError(500, "Internal server error."), PATH))

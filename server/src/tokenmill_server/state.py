@@ -1,0 +1,52 @@
+"""ServerState: what every handler needs — the engine, the model's and the server's limits, metrics,
+and whether the server is draining. Stored on ``app.state.server``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from tokenmill.engine.async_llm import AsyncLLM
+
+from tokenmill_server.errors import ApiError, unavailable
+from tokenmill_server.metrics import ServerMetrics
+from tokenmill_server.sampling import ModelLimits, RequestLimits
+
+
+def model_limits(engine: AsyncLLM) -> ModelLimits:
+    ready = engine.ready
+    return ModelLimits(name=ready.served_model_name, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size,
+                       max_logprobs=ready.max_logprobs, scheduling_policy=ready.scheduling_policy,
+                       generation_defaults=dict(ready.generation_defaults))
+
+
+@dataclass
+class ServerState:
+    """Shared by all handlers of one app."""
+
+    engine: AsyncLLM
+    limits: RequestLimits
+    metrics: ServerMetrics
+    model: ModelLimits
+    started: float = field(default_factory=time.time)
+    draining: bool = False
+
+    def check_accepting(self) -> None:
+        """503 while shutting down or after the engine died."""
+        if self.draining:
+            raise unavailable("The server is shutting down; retry on another instance.")
+        if self.engine.is_dead:
+            raise unavailable("The engine is not running.")
+
+    @property
+    def healthy(self) -> bool:
+        return not self.draining and not self.engine.is_dead
+
+
+def server_state(request: Request) -> ServerState:
+    state: Any = getattr(request.app.state, "server", None)
+    if state is None:
+        raise ApiError(503, "The server is starting.")
+    return state
