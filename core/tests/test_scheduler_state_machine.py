@@ -58,6 +58,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.requests: dict[str, Request] = {}
         self.expected_tokens: dict[str, list[int]] = {}
         self.unreported_finished: set[str] = set()
+        self.claims: dict[bytes, list[tuple]] = {}  # block hash -> the (salt, token) slots it stands for
         self.next_id = 0
 
     # ---- rules -------------------------------------------------------------------------------
@@ -154,15 +155,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def cached_blocks_hold_what_their_hash_claims(self) -> None:
-        claims = {}
         for request in self.scheduler.requests.values():
-            bs = self.config.block_size
-            for i, block_hash in enumerate(request.block_hashes):
-                claims[block_hash] = [(request.cache_salt, t) for t in request.all_token_ids[i * bs : (i + 1) * bs]]
+            self._record_claims(request)
         for block_hash, block in self.kv.block_pool.cached_blocks.items():
             assert block.block_hash == block_hash
-            if block_hash in claims:
-                assert [self.slots[block.block_id].get(o) for o in range(self.config.block_size)] == claims[block_hash]
+            assert [self.slots[block.block_id].get(o) for o in range(self.config.block_size)] == self.claims[block_hash]
 
     @invariant()
     def queues_match_statuses(self) -> None:
@@ -174,8 +171,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert scheduler.num_running <= self.config.max_num_seqs
         assert set(self.kv.req_to_blocks) == running
         for request in scheduler.requests.values():
-            assert request.status == (RequestStatus.RUNNING if request.request_id in running else request.status)
-            if request.request_id in waiting:
+            if request.request_id in running:
+                assert request.status == RequestStatus.RUNNING
+            else:
                 assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
                 assert request.num_computed_tokens == 0
             assert request.all_token_ids == self.expected_tokens[request.request_id]
@@ -194,6 +192,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(r.is_finished for r in self.requests.values())
 
     # ---- helpers -----------------------------------------------------------------------------
+
+    def _record_claims(self, request: Request) -> None:
+        bs = self.config.block_size
+        for i, block_hash in enumerate(request.block_hashes):
+            claim = [(request.cache_salt, t) for t in request.all_token_ids[i * bs : (i + 1) * bs]]
+            assert self.claims.setdefault(block_hash, claim) == claim, "two contents under one hash"
 
     def _new_id(self) -> str:
         self.next_id += 1
@@ -233,6 +237,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         still_running = {s.request_id for s in output.scheduled if s.sample and not s.request.is_finished}
         updates = self.scheduler.update(output, sampled)
         assert {u.request_id for u in updates} == still_running
+        for s in output.scheduled:
+            self._record_claims(s.request)
         for update in updates:
             request = update.request
             assert update.new_token_ids == sampled[request.request_id][: len(update.new_token_ids)]

@@ -51,12 +51,14 @@ def step(scheduler: Scheduler, runner: FakeRunner):
     return output, scheduler.update(output, runner.execute(output))
 
 
-def admission_order(scheduler: Scheduler, runner: FakeRunner) -> list[str]:
+def admission_order(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 500) -> list[str]:
     order: list[str] = []
-    while scheduler.has_unfinished_requests():
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            return order
         output, _ = step(scheduler, runner)
         order += [s.request_id for s in output.scheduled if s.request_id not in order]
-    return order
+    raise AssertionError("requests did not finish")
 
 
 def run_all(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 500) -> dict[str, list[int]]:
@@ -230,6 +232,12 @@ def test_a_fork_does_not_wait_for_a_parent_that_is_not_running():
     scheduler.add_request(make_request("p-1", prompt_len=10, max_tokens=3), fork_of="p")
     scheduler.abort_requests(["p"])
     assert admission_order(scheduler, runner) == ["other", "p-1"]
+
+    # a fork queued ahead of its parent (here by priority) must not wait for it, or neither would run
+    scheduler = make_scheduler(policy="priority", max_num_seqs=1)
+    scheduler.add_request(make_request("p", prompt_len=10, max_tokens=3, priority=5))
+    scheduler.add_request(make_request("p-1", prompt_len=10, max_tokens=3, priority=0), fork_of="p")
+    assert admission_order(scheduler, runner) == ["p-1", "p"]
 
 
 def test_stats_snapshot():
