@@ -1,0 +1,49 @@
+"""The FP8 reference kernel: weight-only, dequantize a tile of output rows to the compute dtype and
+multiply. Runs anywhere torch can convert float8 (every device, no fp8 arithmetic needed)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+
+
+def dequantize_rows(layer: Any, first: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """Float weights ``[end - first, in_features]`` of output rows ``first:end``."""
+    weight = layer.weight[first:end].to(torch.float32)
+    block = layer.fp8_block
+    if block is None:
+        scale = layer.weight_scale[first:end]
+    else:
+        rows, cols = block
+        scale = getattr(layer, layer.fp8_scale_name)
+        row_blocks = torch.arange(first, end, device=scale.device) // rows
+        scale = scale[row_blocks].repeat_interleave(cols, dim=1)[:, : weight.shape[1]]
+    return (weight * scale).to(dtype)
+
+
+class FP8TorchKernel(QuantKernel):
+    """Weight-only fp8: plain PyTorch, the correctness oracle for the fp8 kernels."""
+
+    name = "fp8-torch"
+    tile_elements: ClassVar[int] = 1 << 22
+
+    @classmethod
+    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
+        """Runs every layer the format accepts."""
+        return None
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x @ W.T + bias`` with ``W`` dequantized a tile of rows at a time."""
+        out_features, in_features = layer.weight.shape
+        rows = x.reshape(-1, in_features)
+        out = rows.new_empty(rows.shape[0], out_features)
+        tile = max(1, self.tile_elements // in_features)
+        for first in range(0, out_features, tile):
+            end = min(out_features, first + tile)
+            out[:, first:end] = rows @ dequantize_rows(layer, first, end, rows.dtype).T
+        if bias is not None:
+            out += bias
+        return out.reshape(*x.shape[:-1], out_features)
