@@ -136,3 +136,21 @@ def sse_events(response: httpx.Response) -> list[tuple[str | None, str]]:
 def json_events(response: httpx.Response) -> list[dict]:
     """The JSON payloads of an OpenAI-style stream, without the final [DONE]."""
     return [json.loads(data) for _, data in sse_events(response) if data != "[DONE]"]
+
+
+def assert_still_serving(url: str, headers: dict[str, str] | None = None) -> None:
+    """/health is 200 and a normal completion succeeds (every fault case ends with this)."""
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+    response = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, headers=headers,
+                          timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 2
+
+
+def metric_value(url: str, name: str, headers: dict[str, str] | None = None) -> float:
+    """The value of one sample line of /metrics (``name`` includes its labels, e.g. 'x{a="b"}' prefix)."""
+    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)

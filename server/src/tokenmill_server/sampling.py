@@ -4,6 +4,7 @@ context-length check. Pure functions: unit-testable without a model."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,8 @@ from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 from tokenmill_server.errors import ApiError, bad_request, context_length_exceeded, model_not_found, unsupported
 from tokenmill_server.protocol.common import SamplingFields
+
+logger = logging.getLogger("tokenmill.server")
 
 # request fields that name features this server does not have (vLLM's removed guided_* among them)
 UNSUPPORTED_FIELDS = {
@@ -89,9 +92,12 @@ def logit_bias(value: Mapping[str, float] | None, limits: RequestLimits) -> dict
 
 def check_common(request: SamplingFields, limits: RequestLimits, model: ModelLimits) -> None:
     """Checks shared by both OpenAI endpoints, before any tokenization."""
-    for name in request.ignored_fields():
+    ignored = request.ignored_fields()
+    for name in ignored:
         if name in UNSUPPORTED_FIELDS:
             raise unsupported(UNSUPPORTED_FIELDS[name].capitalize(), name)
+    if ignored:
+        logger.warning("request fields ignored (not part of this API): %s", ", ".join(n[:40] for n in ignored[:10]))
     if request.logits_processors is not None:
         raise unsupported("Per-request logits_processors", "logits_processors")
     if request.structured_outputs is not None:
