@@ -25,14 +25,15 @@ def dequantize(data: torch.Tensor, ggml_type: GGMLType, dtype: torch.dtype = tor
     if ggml_type.is_float:
         values = _FLOAT_VIEW[ggml_type](data.contiguous())
     else:
-        blocks = data.reshape(-1, ggml_type.type_size)
+        blocks = data.reshape(-1, ggml_type.type_size).contiguous()
         values = _BLOCK_DEQUANTIZERS[ggml_type](blocks)
     return values.reshape(*lead, n_columns).to(dtype)
 
 
 def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
-    """The little-endian float16 at byte ``start`` of every block, as float32 ``[n, 1]``."""
-    return blocks[:, start : start + 2].contiguous().view(torch.float16).to(torch.float32)
+    """The little-endian float16 at byte ``start`` of every block, as float32 ``[n, 1]`` (every ggml
+    block size and float16 field offset is even, so contiguous blocks view as float16 directly)."""
+    return blocks.view(torch.float16)[:, start // 2 : start // 2 + 1].to(torch.float32)
 
 
 def _nibbles(packed: torch.Tensor, group: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ class GGUFDequantizedKernel(QuantKernel):
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
         """Refuses only when the quantizer is pinned to the packed layout."""
         if getattr(quantizer, "mode", "dequantize") == "packed":
-            return "the GGUF quantizer is set to the packed layout (TOKENMILL_GGUF_MODE=packed)"
+            return "the GGUF quantizer is pinned to the packed layout (gguf mode 'packed')"
         return None
 
     def apply(self, layer: Any, x: Any, bias: Any | None) -> Any:

@@ -26,7 +26,7 @@ class GGUFPackedTorchKernel(QuantKernel):
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
         """Refuses only when the quantizer is pinned to the dequantize-at-load layout."""
         if getattr(quantizer, "mode", "packed") == "dequantize":
-            return "the GGUF quantizer is set to dequantize at load (TOKENMILL_GGUF_MODE=dequantize)"
+            return "the GGUF quantizer is pinned to dequantize at load (gguf mode 'dequantize')"
         return None
 
     def apply(self, layer: Any, x: Any, bias: Any | None) -> Any:
