@@ -19,6 +19,12 @@ BUILTIN_MODELS: dict[str, str] = {
     "MistralForCausalLM": "tokenmill.models.llama:MistralForCausalLM",
     "Qwen2ForCausalLM": "tokenmill.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "tokenmill.models.qwen3:Qwen3ForCausalLM",
+    "Gemma2ForCausalLM": "tokenmill.models.gemma2:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "tokenmill.models.gemma3:Gemma3ForCausalLM",
+    "Phi3ForCausalLM": "tokenmill.models.phi3:Phi3ForCausalLM",
+    "MixtralForCausalLM": "tokenmill.models.mixtral:MixtralForCausalLM",
+    "Qwen2MoeForCausalLM": "tokenmill.models.qwen2_moe:Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": "tokenmill.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
 
 
@@ -27,6 +33,12 @@ DEFAULT_ARCHITECTURES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 """model_type -> architecture, for configs without ``architectures`` (e.g. built from GGUF metadata)."""
 
