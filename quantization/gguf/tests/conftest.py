@@ -66,9 +66,10 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     return weights.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def hf_model_to_gguf(model, path, arch: str, qtype: gguf.GGMLQuantizationType) -> str:
+def hf_model_to_gguf(model, path, arch: str, qtype) -> str:
     """Convert a small transformers model the way llama.cpp does: HF names to GGUF names, q/k
-    permuted for llama, Gemma norms stored as ``w + 1``, matrices in ``qtype``, vectors in F32."""
+    permuted for llama, Gemma norms stored as ``w + 1``, matrices in ``qtype`` (a type, or a
+    function of the GGUF name giving one), vectors in F32."""
     from tokenmill_quant_gguf import tensor_names
 
     config = model.config
@@ -85,7 +86,8 @@ def hf_model_to_gguf(model, path, arch: str, qtype: gguf.GGMLQuantizationType) -
             values = llama_cpp_permute(values, config.num_key_value_heads)
         if arch.startswith("gemma") and "norm" in name:
             values = values + 1
-        tensors[name] = (encode_tensor(values, qtype, rng), qtype) if values.ndim == 2 else (values, None)
+        matrix_type = qtype(name) if callable(qtype) else qtype
+        tensors[name] = (encode_tensor(values, matrix_type, rng), matrix_type) if values.ndim == 2 else (values, None)
     prefix = arch
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     metadata = {

@@ -1,4 +1,4 @@
-"""GGUF checkpoints of tiny random models (llama, qwen2, qwen3, gemma2) read exactly as transformers
+"""GGUF checkpoints of tiny random models (llama, qwen2, qwen3, gemma2, gemma3) read exactly as transformers
 reads them: the same config, and tensors equal to the state dict of transformers' own GGUF load."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import os
 import gguf
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
 from tokenmill_quant_gguf.hf_config import CAUSAL_LM_CLASSES
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
-from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5)
@@ -22,9 +23,11 @@ CONFIGS = {
     # transformers' GGUF config for qwen3 ignores attention.key_length (head_dim falls back to 128)
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=128, tie_word_embeddings=True),
     "gemma2": lambda: Gemma2Config(**COMMON, head_dim=16),
+    "gemma3": lambda: Gemma3TextConfig(**COMMON, head_dim=16),
 }
 QTYPES = {"llama": gguf.GGMLQuantizationType.Q8_0, "qwen2": gguf.GGMLQuantizationType.Q5_1,
-          "qwen3": gguf.GGMLQuantizationType.Q4_0, "gemma2": gguf.GGMLQuantizationType.Q8_0}
+          "qwen3": gguf.GGMLQuantizationType.Q4_0, "gemma2": gguf.GGMLQuantizationType.Q8_0,
+          "gemma3": gguf.GGMLQuantizationType.Q4_1}
 
 
 @pytest.fixture(params=list(CONFIGS))

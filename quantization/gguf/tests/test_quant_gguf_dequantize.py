@@ -6,6 +6,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+
 from tokenmill_quant_gguf.dequantize import dequantize
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.gguf_file import GGUFFile

@@ -7,6 +7,7 @@ import struct
 import gguf
 import numpy as np
 import pytest
+
 from tokenmill_quant_gguf.gguf_file import GGUFFile
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.linear import Linear
 from tokenmill.loader.model_loader import build_model, load_weights

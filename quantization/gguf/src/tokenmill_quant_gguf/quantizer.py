@@ -23,8 +23,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 
+from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
 from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
 from tokenmill_quant_gguf.gguf_file import GGUF_MAGIC

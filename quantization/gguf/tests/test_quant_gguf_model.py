@@ -1,0 +1,71 @@
+"""Tiny GGUF models (untied head, q/k/v of mixed ggml types, qwen2 biases) run through tokenmill's
+model in both layouts, against transformers' forward on its own load of the same file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from tokenmill.layers.context import ModelBuildContext
+from tokenmill.loader.model_loader import build_model, load_weights
+from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill_quant_gguf.quantizer import GGUFQuantizer
+
+HARNESS = Path(__file__).resolve().parents[3] / "core" / "tests" / "paged_attention_harness.py"
+COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, initializer_range=0.1)
+T = gguf.GGMLQuantizationType
+
+
+def mixed_types(name: str) -> gguf.GGMLQuantizationType:
+    """Q4_K_M-like: v and down in a wider type than q/k/gate/up, the head in Q8_0."""
+    if ".attn_v." in name or ".ffn_down." in name:
+        return T.Q8_0
+    return T.Q5_1 if name.startswith("blk.") else T.Q8_0
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("paged_attention_harness", HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("arch, config", [
+    ("llama", lambda: LlamaConfig(**COMMON, tie_word_embeddings=False)),
+    ("qwen2", lambda: Qwen2Config(**COMMON, tie_word_embeddings=False)),
+])
+@pytest.mark.parametrize("mode", ["dequantize", "packed"])
+def test_tokenmill_matches_transformers_on_the_same_gguf(gguf_fixtures, arch, config, mode):
+    torch.manual_seed(0)
+    path = gguf_fixtures.from_hf_model(AutoModelForCausalLM.from_config(config()), arch, mixed_types)
+    reference = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                     dtype=torch.float32).eval()
+    quantizer = GGUFQuantizer(path, mode)
+    build = ModelBuildContext(dtype=torch.float32, quantizer=quantizer, attention_backend=ReferenceAttentionBackend)
+    model = build_model(quantizer.hf_config(path), build)
+    load_weights(model, path, quantizer)
+    kernel = "gguf-dequantized" if mode == "dequantize" else "gguf-packed-torch"
+    assert build.kernel_summary() == {kernel: 9}  # 4 per layer and the untied head
+    if mode == "packed":
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        assert [t.name for _, _, t in qkv.gguf_segments] == ["Q5_1", "Q8_0"]
+
+    tokens = [5, 17, 42, 8, 91, 33, 2, 60]
+    harness = _harness().PagedHarness(block_size=16, num_blocks=8)
+    backend = ReferenceAttentionBackend()
+    caches = harness.allocate_caches(backend, model.attention_specs())
+    step = harness.step([(0, tokens)])
+    with torch.inference_mode():
+        got = model.compute_logits(model(step.input_ids, step.positions, harness.context(backend, caches, step)))
+        want = reference(input_ids=torch.tensor([tokens])).logits[0]
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
