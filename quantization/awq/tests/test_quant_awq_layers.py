@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+
 from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec
 from tokenmill_quant_awq.awq_config import AWQConfig

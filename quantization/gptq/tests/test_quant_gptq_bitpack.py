@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+
 from tokenmill_quant_gptq.bitpack import pack_bits, packed_length, unpack_bits
 
 

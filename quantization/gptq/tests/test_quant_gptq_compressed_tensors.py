@@ -12,6 +12,7 @@ from compressed_tensors.compressors.pack_quantized.base import PackedQuantizatio
 from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
 from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec
 from tokenmill_quant_gptq.compressed_tensors_config import PackQuantizedScheme

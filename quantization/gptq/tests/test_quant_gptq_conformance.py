@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from tokenmill_quant_gptq.quantizer import GPTQQuantizer
 from tokenmill_testkit import QuantizerConformance
 

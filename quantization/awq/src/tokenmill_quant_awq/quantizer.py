@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 
+from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_awq.awq_config import AWQConfig, read_quantization_config
 from tokenmill_quant_awq.packing import PER_WORD
 from tokenmill_quant_awq.torch_kernel import AWQTorchKernel

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 from tokenmill_quant_awq.packing import PER_WORD, unpack_int4
 
 

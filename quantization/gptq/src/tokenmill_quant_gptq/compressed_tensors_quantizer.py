@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_gptq.bitpack import packed_length
 from tokenmill_quant_gptq.compressed_tensors_config import (

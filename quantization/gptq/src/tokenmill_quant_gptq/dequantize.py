@@ -10,6 +10,7 @@ format stores ``(zero - 1) mod 2**bits``, so v1 zeros are read back as ``(stored
 from __future__ import annotations
 
 import torch
+
 from tokenmill_quant_gptq.bitpack import packed_length, unpack_bits
 
 

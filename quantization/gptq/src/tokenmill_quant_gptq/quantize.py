@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from tokenmill_quant_gptq.bitpack import pack_bits
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_gptq.bitpack import packed_length
 from tokenmill_quant_gptq.gptq_config import GPTQConfig, read_quantization_config

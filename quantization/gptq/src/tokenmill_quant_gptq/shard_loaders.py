@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from tokenmill.plugin_api import LinearSpec
 from tokenmill_quant_gptq.bitpack import packed_length
 
