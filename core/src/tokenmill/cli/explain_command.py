@@ -33,5 +33,6 @@ def run(args: argparse.Namespace) -> int:
                                dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size)
     model = ModelDescription.load(args.registry, args.model)
     print(f"model: {model.model_path} (config from {model.source})")
+    print(f"implementation: {model.implementation()}")
     print(select(args.registry, request, model).render())
     return 0

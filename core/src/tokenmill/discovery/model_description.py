@@ -53,9 +53,21 @@ class ModelDescription:
 
     @property
     def text_config(self) -> Mapping[str, Any]:
-        """The language-model part of the config (multimodal configs nest it)."""
+        """The language-model part of the config (multimodal configs nest it), with transformers'
+        standard names filled in from the model's own (GPT-2's ``n_embd`` is ``hidden_size``)."""
         nested = self.hf_config.get("text_config")
-        return nested if isinstance(nested, Mapping) and "num_attention_heads" not in self.hf_config else self.hf_config
+        config = nested if isinstance(nested, Mapping) and "num_attention_heads" not in self.hf_config else self.hf_config
+        return _with_standard_names(config)
+
+    def implementation(self) -> str:
+        """The model class tokenmill would run, native or the transformers fallback, in words."""
+        from tokenmill.loader.model_loader import as_hf_config
+        from tokenmill.models.registry import MODEL_REGISTRY
+
+        try:
+            return MODEL_REGISTRY.describe(as_hf_config(self.hf_config))
+        except (ValueError, KeyError) as error:
+            return f"unknown ({error})"
 
     @property
     def checkpoint_dtype(self) -> str | None:
@@ -113,6 +125,19 @@ class ModelDescription:
         if vocab:
             specs.append(LinearSpec("lm_head", hidden, vocab, (vocab,), False, dtype))
         return specs
+
+
+def _with_standard_names(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``config`` plus the standard keys its transformers config class aliases (``attribute_map``)."""
+    aliases: Mapping[str, str] = {}
+    try:
+        from transformers import CONFIG_MAPPING
+
+        aliases = CONFIG_MAPPING[config["model_type"]].attribute_map
+    except (ImportError, KeyError):
+        pass
+    missing = {alias: config[name] for alias, name in aliases.items() if alias not in config and name in config}
+    return {**config, **missing} if missing else config
 
 
 def _read_json(path: str) -> dict[str, Any]:

@@ -9,10 +9,14 @@ error naming both providers.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+logger = logging.getLogger("tokenmill")
+
 BUILTIN_SOURCE = "tokenmill"
+TRANSFORMERS_FALLBACK = "tokenmill.models.transformers_fallback:TransformersCausalLM"
 
 BUILTIN_MODELS: dict[str, str] = {
     "LlamaForCausalLM": "tokenmill.models.llama:LlamaForCausalLM",
@@ -94,19 +98,45 @@ class ModelRegistry:
             raise ModelRegistryError(f"{source} registers {architecture} as {path}, which cannot be imported: "
                                      f"{error}") from error
 
-    def resolve_config(self, hf_config: Any) -> type:
-        """The class for the first architecture in ``hf_config.architectures`` that is registered;
-        a config without ``architectures`` falls back to its ``model_type``'s usual architecture."""
+    def _native(self, hf_config: Any) -> tuple[str | None, list[str]]:
+        """(the first registered architecture of ``hf_config``, or None; the architectures it names)."""
         architectures = list(getattr(hf_config, "architectures", None) or [])
         model_type = getattr(hf_config, "model_type", None)
         if not architectures and model_type in DEFAULT_ARCHITECTURES:
             architectures = [DEFAULT_ARCHITECTURES[model_type]]
-        for architecture in architectures:
-            if architecture in self._entries:
-                return self.resolve(architecture)
+        return next((a for a in architectures if a in self._entries), None), architectures
+
+    def describe(self, hf_config: Any) -> str:
+        """Which implementation ``resolve_config`` would pick, in words (for reports and explain)."""
+        from tokenmill.models.transformers_fallback import causal_lm_class_name
+
+        native, architectures = self._native(hf_config)
+        if native is not None:
+            return f"{native} ({self._entries[native][1]})"
+        fallback = causal_lm_class_name(hf_config)
+        if fallback is not None:
+            return f"{fallback} (transformers fallback: no native implementation)"
+        return f"none: {', '.join(architectures) or getattr(hf_config, 'model_type', None)!r} is not supported"
+
+    def resolve_config(self, hf_config: Any) -> type:
+        """The class for the first architecture in ``hf_config.architectures`` that is registered;
+        a config without ``architectures`` falls back to its ``model_type``'s usual architecture.
+        With no native implementation, a decoder transformers implements runs through the
+        transformers fallback (logged)."""
+        native, architectures = self._native(hf_config)
+        if native is not None:
+            return self.resolve(native)
+        model_type = getattr(hf_config, "model_type", None)
         named = ", ".join(architectures) or f"none listed, model_type {model_type!r}"
+        from tokenmill.models.transformers_fallback import causal_lm_class_name
+
+        if causal_lm_class_name(hf_config) is not None:
+            logger.info("no native implementation for %s: using the transformers fallback", named)
+            module_name, _, attr = TRANSFORMERS_FALLBACK.partition(":")
+            return getattr(importlib.import_module(module_name), attr)
         raise UnsupportedArchitectureError(
-            f"the checkpoint's architecture ({named}) is not supported; supported: {', '.join(self.supported())}"
+            f"the checkpoint's architecture ({named}) is not supported; supported: {', '.join(self.supported())} "
+            f"(and transformers has no causal LM for it to fall back on)"
         )
 
 

@@ -24,6 +24,7 @@ from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryAngles, build_rotary
 from tokenmill.models.llama import LlamaForCausalLM, LlamaSelfAttention, head_size
 from tokenmill.models.weight_mapping import load_checkpoint_weights
+from tokenmill.reference.unquantized import Unquantized
 
 
 class GatedMLP(nn.Module):
@@ -145,7 +146,7 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def __init__(self, hf_config: Any, build: ModelBuildContext):
         nn.Module.__init__(self)
-        if build.quantizer is not None:
+        if build.quantizer is not None and not isinstance(build.quantizer, Unquantized):
             raise ValueError(f"{type(self).__name__}: quantized mixture-of-experts checkpoints are not supported yet "
                              f"({build.quantizer.name}); use an unquantized checkpoint")
         self.config = hf_config
