@@ -114,3 +114,14 @@ def check_decode(path, hf, lengths=(9, 17, 4), steps: int = 16):
             caches[i] = out.past_key_values
             next_tokens[i] = int(logits[0].argmax())
     return runner
+
+
+def save_word_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over "w0" ... "w{vocab_size - 1}" so LLM can load a tiny model directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w1").save_pretrained(path)

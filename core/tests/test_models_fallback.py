@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, OPTConfig, PreTrainedTokenizerFast
+from transformers import GPT2Config, OPTConfig
 
 
 def _load(name):
@@ -34,16 +34,6 @@ CONFIGS = {
 }
 
 
-def save_word_tokenizer(path: Path) -> None:
-    """A word-level tokenizer over "w0" ... "w159" so LLM can load the tiny model directory."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w1").save_pretrained(path)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     made = {}
@@ -52,7 +42,7 @@ def checkpoints(tmp_path_factory):
         if name not in made:
             path = tmp_path_factory.mktemp(name)
             hf = parity.save_tiny(CONFIGS[name](), path)
-            save_word_tokenizer(path)
+            parity.save_word_tokenizer(path, VOCAB)
             made[name] = (path, hf)
         return made[name]
 

@@ -1,4 +1,4 @@
-"""LLM: the offline API — generate and chat over a batch of prompts, with a progress bar."""
+"""LLM: the offline API — generate and chat over a batch of prompts, with a progress bar, and embed."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenmill.config import EngineArgs
+from tokenmill.engine.embedding import EmbeddingRequestOutput
 from tokenmill.engine.input_processor import PromptType
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.outputs import RequestOutput
@@ -48,6 +49,26 @@ class LLM:
         """Complete every prompt (text, token ids, or {"prompt_token_ids": ...}); outputs in prompt order."""
         prompt_list = self._as_prompt_list(prompts)
         return self._run([(p, None) for p in prompt_list], sampling_params, use_tqdm, priority)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], *, pooling: str | None = None,
+              normalize: bool | None = None) -> list[EmbeddingRequestOutput]:
+        """One pooled embedding per prompt (``outputs.embedding``: a list of floats), in prompt order.
+
+        Pooling comes from the model directory's sentence-transformers files when present, else
+        the model kind's default (encoders: CLS token, decoders: last token; normalised);
+        ``pooling`` ("mean", "cls", "last") and ``normalize`` override it.
+        """
+        from dataclasses import replace
+
+        from tokenmill.engine.embedding import Embedder, EmbeddingOutput, tokenize_for_embedding
+
+        token_ids = [tokenize_for_embedding(self.engine, p) for p in self._as_prompt_list(prompts)]
+        embedder = Embedder.for_engine(self.engine)
+        overrides = {k: v for k, v in (("method", pooling), ("normalize", normalize)) if v is not None}
+        embedder.pooling = replace(embedder.pooling, **overrides)
+        vectors = embedder.embed(token_ids)
+        return [EmbeddingRequestOutput(str(next(self._counter)), ids, EmbeddingOutput(vector.tolist()))
+                for ids, vector in zip(token_ids, vectors, strict=True)]
 
     def chat(self, messages: Conversation | Sequence[Conversation],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *, use_tqdm: bool = True,

@@ -125,6 +125,9 @@ class GemmaModel(nn.Module):
 
     def __init__(self, config: Any, build: ModelBuildContext, family: type[Gemma2ForCausalLM]):
         super().__init__()
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError("Gemma with use_bidirectional_attention (EmbeddingGemma) is not supported: tokenmill's "
+                             "Gemma layers attend causally")
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=build.dtype)
         # HF rounds sqrt(hidden) to the activation dtype before multiplying (55.4256 -> 55.5 in bf16)
         self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5, dtype=build.dtype), persistent=False)

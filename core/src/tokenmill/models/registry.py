@@ -29,6 +29,9 @@ BUILTIN_MODELS: dict[str, str] = {
     "MixtralForCausalLM": "tokenmill.models.mixtral:MixtralForCausalLM",
     "Qwen2MoeForCausalLM": "tokenmill.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM": "tokenmill.models.qwen3_moe:Qwen3MoeForCausalLM",
+    "BertModel": "tokenmill.models.bert:BertModel",
+    **{name: f"tokenmill.models.decoder_embedding:{name}"
+       for name in ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model", "Gemma2Model", "Gemma3TextModel")},
 }
 
 
@@ -43,6 +46,7 @@ DEFAULT_ARCHITECTURES: dict[str, str] = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "bert": "BertModel",
 }
 """model_type -> architecture, for configs without ``architectures`` (e.g. built from GGUF metadata)."""
 

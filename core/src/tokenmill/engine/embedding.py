@@ -1,0 +1,190 @@
+"""Embedder: whole prompts -> pooled embeddings, beside the generation loop (no scheduler).
+
+An embedding request needs one forward over its whole prompt and nothing after it, so the
+embedder batches prompts itself (up to ``max_batch_tokens`` per forward) and never touches the
+engine's KV cache or scheduler:
+
+* encoders (``model.is_encoder``) run their dense bidirectional path (``embed_hidden``);
+* decoders run their normal forward as fresh causal prefills through the step's attention
+  backend, on a transient KV cache sized for the batch and dropped after it.
+
+Hidden states are then pooled (``tokenmill.layers.pooling``). ``embed_for_api`` shapes the result
+as OpenAI's /v1/embeddings response (floats or base64 float32).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tokenmill.layers.context import AttentionContext
+from tokenmill.layers.pooling import PoolingConfig, pool
+from tokenmill.plugin_api import AttentionBackend, AttentionBatch
+
+DEFAULT_DECODER_POOLING = PoolingConfig(method="last", normalize=True)
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding (vLLM's ``outputs.embedding``)."""
+
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What ``LLM.embed`` returns per prompt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+
+
+def fresh_prefill_batch(seq_lens: Sequence[int], block_size: int, device: torch.device) -> AttentionBatch:
+    """The AttentionBatch of whole prompts prefilled from nothing, each on its own consecutive
+    blocks of a transient cache (block 0 is never used, as in the engine)."""
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    width = max(blocks_per_seq)
+    tables, slots, first = [], [], 1
+    for n, count in zip(seq_lens, blocks_per_seq, strict=True):
+        table = list(range(first, first + count))
+        tables.append(table + [0] * (width - count))
+        slots.append(torch.arange(n) + first * block_size)
+        first += count
+    starts = [0]
+    for n in seq_lens:
+        starts.append(starts[-1] + n)
+    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
+    return AttentionBatch(
+        query_start_loc=as_tensor(starts, torch.int32), seq_lens=as_tensor(list(seq_lens), torch.int32),
+        context_lens=as_tensor([0] * len(seq_lens), torch.int32), block_tables=as_tensor(tables, torch.int32),
+        slot_mapping=torch.cat(slots).to(device), query_lens_cpu=list(seq_lens), seq_lens_cpu=list(seq_lens),
+        max_query_len=max(seq_lens), max_seq_len=max(seq_lens), num_tokens=starts[-1], block_size=block_size)
+
+
+class Embedder:
+    """Pooled embeddings from a loaded model, in batches of at most ``max_batch_tokens`` tokens."""
+
+    def __init__(self, model: nn.Module, backend: AttentionBackend, device: torch.device, pooling: PoolingConfig,
+                 *, max_batch_tokens: int = 2048, block_size: int = 16) -> None:
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.pooling = pooling
+        self.max_batch_tokens = max_batch_tokens
+        self.block_size = block_size
+
+    @classmethod
+    def for_engine(cls, engine: Any, pooling: PoolingConfig | None = None) -> Embedder:
+        """An embedder over an in-process LLMEngine's model; ``pooling`` None means the model
+        directory's sentence-transformers pooling, else the model kind's default."""
+        runner = engine.core.runner
+        model = runner.model
+        if pooling is None:
+            default = getattr(model, "default_pooling", DEFAULT_DECODER_POOLING)
+            pooling = PoolingConfig.from_model_dir(engine.config.model.path, default)
+        return cls(model, runner.backend, runner.device, pooling, max_batch_tokens=engine.config.max_num_batched_tokens,
+                   block_size=engine.config.cache.block_size)
+
+    def _batches(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        batches, current, tokens = [], [], 0
+        for index, prompt in enumerate(prompts):
+            if current and tokens + len(prompt) > self.max_batch_tokens:
+                batches.append(current)
+                current, tokens = [], 0
+            current.append(index)
+            tokens += len(prompt)
+        return batches + [current] if current else batches
+
+    def _hidden(self, prompts: list[Sequence[int]]) -> torch.Tensor:
+        seq_lens = [len(p) for p in prompts]
+        input_ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=self.device)
+        positions = torch.cat([torch.arange(n) for n in seq_lens]).to(self.device)
+        if getattr(self.model, "is_encoder", False):
+            return self.model.embed_hidden(input_ids, positions, seq_lens)
+        batch = fresh_prefill_batch(seq_lens, self.block_size, self.device)
+        num_blocks = 1 + sum(-(-n // self.block_size) for n in seq_lens)
+        caches = [torch.zeros(self.backend.kv_cache_shape(num_blocks, self.block_size, s.num_kv_heads, s.head_size),
+                              dtype=self.backend.kv_cache_torch_dtype(s), device=self.device)
+                  for s in self.model.attention_specs()]
+        ctx = AttentionContext(backend=self.backend, metadata=self.backend.plan(batch), kv_caches=caches)
+        return self.model(input_ids, positions, ctx)
+
+    @torch.inference_mode()
+    def embed(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Float32 embeddings [len(prompts), hidden] of token-id prompts, in order."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot embed an empty prompt")
+        rows: list[torch.Tensor | None] = [None] * len(prompts)
+        for batch in self._batches(prompts):
+            chosen = [prompts[i] for i in batch]
+            pooled = pool(self._hidden(chosen), [len(p) for p in chosen], self.pooling)
+            for index, row in zip(batch, pooled, strict=True):
+                rows[index] = row
+        return torch.stack(rows) if rows else torch.empty(0)
+
+
+def encode_embedding(vector: Sequence[float] | torch.Tensor, encoding_format: str) -> list[float] | str:
+    """OpenAI's encodings: "float" (a list) or "base64" (little-endian float32 bytes)."""
+    if encoding_format == "float":
+        return [float(x) for x in vector]
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    raise ValueError(f"encoding_format must be 'float' or 'base64', not {encoding_format!r}")
+
+
+def _as_inputs(inputs: str | Sequence[Any]) -> list[str | list[int]]:
+    """OpenAI's ``input``: a string, a list of strings, a token array, or a list of token arrays."""
+    if isinstance(inputs, str):
+        return [inputs]
+    inputs = list(inputs)
+    if not inputs:
+        raise ValueError("input must not be empty")
+    if all(isinstance(x, int) for x in inputs):
+        return [inputs]
+    if not all(isinstance(x, str) or (isinstance(x, list) and all(isinstance(t, int) for t in x)) for x in inputs):
+        raise ValueError("input must be a string, a list of strings, a list of token ids, or a list of such lists")
+    return inputs
+
+
+def embed_for_api(llm_or_engine: Any, inputs: str | Sequence[Any], encoding_format: str = "float",
+                  model_name: str | None = None) -> dict[str, Any]:
+    """The OpenAI /v1/embeddings response body for ``inputs`` on an ``LLM`` or in-process
+    ``LLMEngine``: ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+    "model", "usage": {"prompt_tokens", "total_tokens"}}``. Raises ValueError for bad input
+    (empty, too long, wrong types, unknown encoding) — a 400 for the server."""
+    engine = getattr(llm_or_engine, "engine", llm_or_engine)
+    if encoding_format not in ("float", "base64"):
+        raise ValueError(f"encoding_format must be 'float' or 'base64', not {encoding_format!r}")
+    token_ids = [tokenize_for_embedding(engine, prompt) for prompt in _as_inputs(inputs)]
+    vectors = Embedder.for_engine(engine).embed(token_ids)
+    prompt_tokens = sum(len(t) for t in token_ids)
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": encode_embedding(v.tolist(), encoding_format)}
+                 for i, v in enumerate(vectors)],
+        "model": model_name or engine.config.model.served_model_name,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def tokenize_for_embedding(engine: Any, prompt: Any) -> list[int]:
+    """Token ids of one prompt, checked against the vocabulary and ``max_model_len`` (an
+    embedding may use the whole context: nothing is generated after it)."""
+    _, ids = engine.inputs.tokenize(prompt)
+    if not ids:
+        raise ValueError("cannot embed an empty prompt")
+    limit, vocab = engine.config.model.max_model_len, engine.config.model.vocab_size
+    if len(ids) > limit:
+        raise ValueError(f"the prompt is {len(ids)} tokens long, but this model embeds at most {limit} tokens")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is out of vocabulary (the vocabulary has {vocab} tokens)")
+    return ids
