@@ -1,4 +1,8 @@
-"""Fixtures that write GGUF files with the ``gguf`` package's own writer (the independent reference)."""
+"""Fixtures that write GGUF files with the ``gguf`` package's own writer (the independent reference).
+
+TRITON_INTERPRET is set here, before any test imports the Triton kernels, on machines without a
+GPU: the test_quant_gguf_triton tests then run the kernels in Triton's interpreter on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 # K-quant types the gguf package cannot quantize: byte offsets of their float16 scale fields.
 _K_QUANT_F16_FIELDS = {

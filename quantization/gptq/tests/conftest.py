@@ -1,9 +1,14 @@
-"""Tiny quantized checkpoints and a tokenmill runner for end-to-end tests against transformers."""
+"""Tiny quantized checkpoints and a tokenmill runner for end-to-end tests against transformers.
+
+TRITON_INTERPRET is set here, before any test imports the Triton kernels, on machines without a
+GPU: the test_quant_gptq_triton tests then run the kernels in Triton's interpreter on the CPU.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 HARNESS = Path(__file__).resolve().parents[3] / "core" / "tests" / "paged_attention_harness.py"
 

@@ -21,10 +21,12 @@ from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_awq.awq_config import AWQConfig, read_quantization_config
 from tokenmill_quant_awq.packing import PER_WORD
 from tokenmill_quant_awq.torch_kernel import AWQTorchKernel
+from tokenmill_quant_awq.triton_kernel import AWQTritonKernel
 
 
 class AWQQuantizer(Quantizer):
-    """AWQ checkpoints (``quant_method: awq``), run by the plain-PyTorch reference kernel."""
+    """AWQ checkpoints (``quant_method: awq``), run by a Triton kernel on GPUs and by the
+    plain-PyTorch reference kernel elsewhere."""
 
     name = "awq"
 
@@ -50,8 +52,9 @@ class AWQQuantizer(Quantizer):
         return cls(AWQConfig.from_dict(config))
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
-        """The torch reference only (faster kernels come from platform plugins)."""
-        return (AWQTorchKernel,)
+        """Triton (devices Triton compiles for), then the torch reference; platform plugins may
+        prefer their own kernels."""
+        return (AWQTritonKernel, AWQTorchKernel)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """False for ``lm_head`` and ``modules_to_not_convert``."""

@@ -27,8 +27,10 @@ import torch
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
 from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
+from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.gguf_file import GGUF_MAGIC
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
+from tokenmill_quant_gguf.triton_kernel import GGUFPackedTritonKernel
 
 MODE_ENV = "TOKENMILL_GGUF_MODE"
 MODES = ("auto", "dequantize", "packed")
@@ -74,8 +76,8 @@ class GGUFQuantizer(Quantizer):
         return cls(model_path, mode)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
-        """Dequantized ``F.linear`` first, then the packed torch reference."""
-        return (GGUFDequantizedKernel, GGUFPackedTorchKernel)
+        """Dequantized ``F.linear`` first, then packed Triton (GPUs), then the packed torch reference."""
+        return (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """True when the file stores the layer (False e.g. for an ``lm_head`` tied to the embedding)."""
@@ -102,6 +104,13 @@ class GGUFQuantizer(Quantizer):
             weight = torch.nn.Parameter(torch.empty(spec.out_features, spec.in_features, dtype=dtype), requires_grad=False)
             weight.output_dim = 0
             layer.register_parameter("weight", weight)
+
+    def shard_types(self, spec: LinearSpec) -> tuple[GGMLType, ...]:
+        """The ggml type of each checkpoint shard of the layer (what a packed kernel must read)."""
+        checkpoint = self._require_checkpoint()
+        names = _shard_weight_names(spec)
+        return tuple(self._shard_tensor(checkpoint, name, spec, size).ggml_type
+                     for name, size in zip(names, spec.output_sizes, strict=True))
 
     def weights(self, model_path: str) -> Iterator[tuple[str, Any]]:
         """Every parameter tensor under its Hugging Face name: packed layers' weights as raw blocks

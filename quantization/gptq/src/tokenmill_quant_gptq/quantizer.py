@@ -23,10 +23,12 @@ from tokenmill_quant_gptq.bitpack import packed_length
 from tokenmill_quant_gptq.gptq_config import GPTQConfig, read_quantization_config
 from tokenmill_quant_gptq.shard_loaders import BitPackedShardLoader, SharedGroupIndexLoader
 from tokenmill_quant_gptq.torch_kernel import GPTQTorchKernel
+from tokenmill_quant_gptq.triton_kernel import GPTQTritonKernel
 
 
 class GPTQQuantizer(Quantizer):
-    """GPTQ checkpoints (``quant_method: gptq``), run by the plain-PyTorch reference kernel."""
+    """GPTQ checkpoints (``quant_method: gptq``), run by a Triton kernel on GPUs and by the
+    plain-PyTorch reference kernel elsewhere."""
 
     name = "gptq"
 
@@ -54,8 +56,9 @@ class GPTQQuantizer(Quantizer):
         return cls(GPTQConfig.from_dict(config))
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
-        """The torch reference only (faster kernels come from platform plugins)."""
-        return (GPTQTorchKernel,)
+        """Triton (devices Triton compiles for), then the torch reference; platform plugins may
+        prefer their own kernels."""
+        return (GPTQTritonKernel, GPTQTorchKernel)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """False for ``lm_head`` (unless the config quantized it) and for ``modules_to_not_convert``."""
