@@ -11,6 +11,7 @@ once. If the engine dies, /health turns 503, running requests get errors, and th
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from typing import Any
@@ -116,6 +117,8 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
                                 log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=5,
                                 access_log=False)
         server = _UvicornServer(config, state, settings, grpc, started)
+        gc.collect()
+        gc.freeze()  # the startup heap (transformers, the tokenizer) is permanent: keep GC pauses short
         engine.on_death(server.engine_died)
         if settings.log_interval > 0:
             throughput = ThroughputLog(settings.log_interval)

@@ -64,6 +64,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
     options = template_options(body.chat_template, body.chat_template_kwargs, body.add_generation_prompt,
                                body.continue_final_message, state.limits)
     engine = state.engine
+    with engine_errors(state.metrics):
+        engine.check_admission(body.n)
     conversation = openai_conversation(body.messages)
     with engine_errors():
         text, ids = await engine.render_chat(conversation, **options)

@@ -227,7 +227,7 @@ class AsyncLLM:
         params = self.inputs.validate(prompt_token_ids, params)
         if params.bad_words and params.bad_words_token_ids is None:
             params = params.clone(bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
-        self._check_admission(params.num_candidates)
+        self.check_admission(params.num_candidates)
         arrival = time.time()
         engine_requests = self.outputs.add_request(request_id, prompt_text, prompt_token_ids, params, self.tokenizer,
                                                    arrival)
@@ -244,7 +244,9 @@ class AsyncLLM:
                 cache_salt=cache_salt, fork_of=first if engine_id != first else None))
         return tracked
 
-    def _check_admission(self, num_sequences: int) -> None:
+    def check_admission(self, num_sequences: int) -> None:
+        """QueueFullError when ``num_sequences`` more would overfill the waiting queue (callers may
+        check before tokenizing, so a full server refuses cheaply)."""
         if self.max_waiting_requests is None:
             return
         capacity = self.ready.max_num_seqs + self.max_waiting_requests

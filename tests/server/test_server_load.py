@@ -1,0 +1,114 @@
+"""Load, cancellation and the bench client against ``tokenmill serve`` with the real SmolLM2 model
+(max_num_seqs 32, up to 32 more sequences may wait; beyond that: 503)."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from server_live import metric_value
+
+pytestmark = pytest.mark.slow
+RUNNING = "tokenmill:num_requests_running{"
+KV = "tokenmill:kv_cache_usage_perc{"
+HEALTH_BUDGET = 0.1
+PROBE = """
+import json, sys, threading, time
+import httpx
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+samples = []
+with httpx.Client(base_url=sys.argv[1], timeout=5) as client:
+    while not stop.is_set():
+        started = time.monotonic()
+        status = client.get("/health").status_code
+        samples.append((time.monotonic() - started, status))
+        time.sleep(0.05)
+print(json.dumps(samples))
+"""
+
+
+def wait_for_idle(url, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metric_value(url, RUNNING) == 0 and metric_value(url, KV) == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_200_concurrent_streams(smollm2_server):
+    url = smollm2_server.url
+
+    async def one(client, index):
+        body = {"prompt": f"Request {index}: tell me a story about", "max_tokens": 3, "stream": True,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return response.status_code, None
+            lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+            return 200, lines
+
+    async def run():
+        limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+        async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+            return await asyncio.gather(*[one(client, i) for i in range(200)])
+
+    # /health is probed from another process, so the load client's own event loop cannot delay it
+    prober = subprocess.Popen([sys.executable, "-c", PROBE, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    time.sleep(1.0)
+    results = asyncio.run(run())
+    latencies = [tuple(sample) for sample in json.loads(prober.communicate("stop\n", timeout=60)[0])]
+    codes = [code for code, _ in results]
+    assert set(codes) <= {200, 503}, sorted(set(codes))
+    completed = [lines for code, lines in results if code == 200]
+    assert len(completed) >= 32
+    for lines in completed:
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][5:])["usage"]["completion_tokens"] == 3
+    slowest = max(seconds for seconds, _ in latencies)
+    ordered = sorted(s for s, _ in latencies)
+    print("health latencies ms:", [round(s * 1000) for s in ordered[-10:]], "median", round(ordered[len(ordered) // 2] * 1000))
+    print(f"load: {len(completed)} completed, {codes.count(503)} rejected with 503; /health max {slowest * 1000:.0f} ms "
+          f"over {len(latencies)} probes")
+    assert all(status == 200 for _, status in latencies)
+    assert slowest < HEALTH_BUDGET
+    assert wait_for_idle(url)
+
+
+def test_disconnects_return_gauges_to_baseline(smollm2_server):
+    url = smollm2_server.url
+    aborts_name = 'tokenmill:request_success_total{finished_reason="abort"'
+    aborts = metric_value(url, aborts_name)
+    body = {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True, "stream": True, "n": 2}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+        lines = response.iter_lines()
+        while not next(lines).startswith("data:"):
+            pass
+        assert metric_value(url, RUNNING) == 2 and metric_value(url, KV) > 0
+    assert wait_for_idle(url)
+    long_prompt = {"prompt": "The history of the world, part one. " * 150, "max_tokens": 5}
+    with pytest.raises(httpx.TimeoutException):  # hang up during the long prefill
+        httpx.post(url + "/v1/completions", json=long_prompt, timeout=0.5)
+    assert wait_for_idle(url)
+    assert metric_value(url, aborts_name) == aborts + 2
+
+
+def test_bench_serve_reports_json(smollm2_server, tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run([sys.executable, "-m", "tokenmill.cli.main", "bench", "serve", "--base-url",
+                             smollm2_server.url, "--num-prompts", "8", "--input-len", "32", "--output-len", "4",
+                             "--max-concurrency", "4", "--output", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["completed"] == 8 and report["failed"] == 0 and report["total_output_tokens"] == 32
+    for key in ("requests_per_s", "output_tokens_per_s"):
+        assert report[key] > 0
+    for key in ("ttft_ms", "tpot_ms"):
+        assert 0 < report[key]["p50"] <= report[key]["p99"]
