@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 from tokenmill.config import ModelConfig
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.tokenizer.builtin_templates import builtin_chat_template
 from tokenmill.tokenizer.chat_template import chat_prompt_token_ids
+
+logger = logging.getLogger("tokenmill")
 
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
 
@@ -28,6 +32,13 @@ class InputProcessor:
         if isinstance(tokenizer_eos, int) and tokenizer_eos not in eos:
             eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
+        self.chat_template = model.chat_template
+        if self.chat_template is None and tokenizer is not None and not getattr(tokenizer, "chat_template", None):
+            builtin = builtin_chat_template(model.architecture)
+            if builtin is not None:
+                self.chat_template = builtin.template
+                logger.info("%s has no chat template: using tokenmill's built-in %s template (--chat-template "
+                            "overrides it)", model.served_model_name, builtin.family)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(prompt text or None, token ids) for a string, token ids, or a {"prompt"|"prompt_token_ids"} dict."""
@@ -45,9 +56,10 @@ class InputProcessor:
 
     def chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
              add_generation_prompt: bool = True, **kwargs: Any) -> tuple[str, list[int]]:
-        """The rendered chat prompt and its ids (the engine's --chat-template wins over the model's)."""
+        """The rendered chat prompt and its ids: ``chat_template``, else the engine's --chat-template,
+        else the model's own, else tokenmill's built-in template for the model's family."""
         return chat_prompt_token_ids(self.tokenizer, [dict(m) for m in messages],
-                                     chat_template=chat_template or self.model.chat_template,
+                                     chat_template=chat_template or self.chat_template,
                                      add_generation_prompt=add_generation_prompt, **kwargs)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
