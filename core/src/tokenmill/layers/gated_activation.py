@@ -1,5 +1,7 @@
-"""GatedActivation: ``act(gate) * up`` over a fused ``(gate, up)`` input, for any activation
-Hugging Face configs name in ``hidden_act`` / ``hidden_activation``."""
+"""GatedActivation: ``act(gate) * up`` over a fused ``(gate, up)`` input, for the activations configs name.
+
+The names are those of Hugging Face's ``hidden_act`` / ``hidden_activation``.
+"""
 
 from __future__ import annotations
 

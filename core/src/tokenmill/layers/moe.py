@@ -1,5 +1,4 @@
-"""Mixture-of-experts layers: the router (softmax then top-k) and FusedMoE, the experts' gated
-MLPs with their weights stacked ``[num_experts, ...]``.
+"""Mixture-of-experts layers: the top-k router and FusedMoE, experts' gated MLPs stacked ``[E, ...]``.
 
 How the experts run: the (token, expert) assignments are sorted by expert once, the routed token
 rows are gathered into one contiguous block, and a Python loop over the *experts that received

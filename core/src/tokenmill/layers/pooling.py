@@ -1,6 +1,7 @@
-"""Pooling: per-token hidden states of a flat batch -> one embedding per sequence (mean, CLS
-token or last token), optionally L2-normalised; and the pooling a model directory declares
-through its sentence-transformers files (``modules.json``, ``<Pooling>/config.json``).
+"""Pooling: per-token hidden states of a flat batch -> one embedding per sequence (mean, CLS or last).
+
+Optionally L2-normalised; a model directory can declare its pooling through its
+sentence-transformers files (``modules.json``, ``<Pooling>/config.json``).
 """
 
 from __future__ import annotations

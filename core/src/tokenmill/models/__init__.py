@@ -1,2 +1,6 @@
-"""Model implementations (Llama, Mistral, Qwen2, Qwen3), the checkpoint-name mapping they share,
-and the registry that resolves a Hugging Face architecture name to a class lazily."""
+"""Model implementations, the transformers fallback, checkpoint-name mapping, and the lazy registry.
+
+Native: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, Mixtral, Qwen2/3-MoE, BERT and decoder embedding
+backbones; any other transformers decoder runs through the fallback. The registry resolves a
+Hugging Face architecture name to a class, importing it only when used.
+"""

@@ -1,6 +1,7 @@
-"""Decoder embedding models: the bare backbones (``LlamaModel``, ``Qwen3Model`` ...) that
-embedding checkpoints such as Qwen3-Embedding or gte-Qwen2 ship — the causal-LM classes without
-an LM head, loading tensors named with or without the ``model.`` prefix. Their embeddings are a
+"""Decoder embedding backbones (``LlamaModel``, ``Qwen3Model`` ...): causal-LM classes without an LM head.
+
+Embedding checkpoints such as Qwen3-Embedding or gte-Qwen2 ship them, with tensors named with
+or without the ``model.`` prefix. Their embeddings are a
 pooled hidden state (last token, normalised, unless the directory's sentence-transformers files
 say otherwise); they cannot generate."""
 

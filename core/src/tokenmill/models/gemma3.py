@@ -1,5 +1,6 @@
-"""Gemma3ForCausalLM: Gemma 2's decoder with per-head q/k norms, a separate rotary base for the
-sliding-window layers, and five sliding layers to each global one by default.
+"""Gemma3ForCausalLM: Gemma 2's decoder with q/k norms and its own rotary base for sliding layers.
+
+By default five sliding-window layers alternate with each global one.
 
 Only the text model: a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration) is not served.
 """

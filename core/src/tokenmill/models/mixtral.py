@@ -1,5 +1,7 @@
-"""MixtralForCausalLM: Mistral attention, every layer a sparse MoE block (``block_sparse_moe``) of
-``num_local_experts`` experts named w1 (gate), w3 (up), w2 (down); top-k weights always renormalised."""
+"""MixtralForCausalLM: Mistral attention and a sparse MoE block (``block_sparse_moe``) on every layer.
+
+``num_local_experts`` experts named w1 (gate), w3 (up), w2 (down); top-k weights always renormalised.
+"""
 
 from __future__ import annotations
 

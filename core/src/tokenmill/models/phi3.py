@@ -1,6 +1,8 @@
-"""Phi3ForCausalLM: Llama's decoder fed from a checkpoint that already fuses ``qkv_proj`` and
-``gate_up_proj`` (loaded whole into tokenmill's fused layers), with partial rotary embeddings,
-LongRoPE scaling, and a sliding window on every layer when ``sliding_window`` is set."""
+"""Phi3ForCausalLM: Llama's decoder from checkpoints with fused ``qkv_proj`` / ``gate_up_proj``.
+
+The fused tensors load whole into tokenmill's fused layers; partial rotary embeddings, LongRoPE
+scaling, and a sliding window on every layer when ``sliding_window`` is set.
+"""
 
 from __future__ import annotations
 

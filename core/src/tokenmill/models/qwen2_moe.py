@@ -1,5 +1,7 @@
-"""Qwen2MoeForCausalLM: Qwen2 attention (q/k/v biases, its sliding-window rules) and sparse MoE
-blocks with a shared expert whose output is scaled by ``sigmoid(shared_expert_gate(x))``."""
+"""Qwen2MoeForCausalLM: Qwen2 attention and sparse MoE blocks with a sigmoid-gated shared expert.
+
+The shared expert's output is scaled by ``sigmoid(shared_expert_gate(x))`` and added to the routed one.
+"""
 
 from __future__ import annotations
 

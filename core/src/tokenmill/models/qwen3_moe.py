@@ -1,5 +1,4 @@
-"""Qwen3MoeForCausalLM: Qwen3 attention (per-head q/k RMSNorm, biases from ``attention_bias``) and
-sparse MoE blocks without a shared expert."""
+"""Qwen3MoeForCausalLM: Qwen3 attention (per-head q/k RMSNorm) and sparse MoE blocks, no shared expert."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""MoeForCausalLM: the decoder shared by Mixtral, Qwen2-MoE and Qwen3-MoE — Llama-family
-attention, and a sparse mixture-of-experts block (optionally with a gated shared expert) in
-place of the MLP on the layers the config makes sparse.
+"""MoeForCausalLM: the decoder shared by Mixtral, Qwen2-MoE and Qwen3-MoE.
+
+Llama-family attention, and a sparse mixture-of-experts block (optionally with a gated shared
+expert) in place of the MLP on the layers the config makes sparse.
 
 Family members set the checkpoint's block name (``moe_prefix``), the names of each expert's
 three projections (``expert_parts``), the config fields they read, and inherit the attention

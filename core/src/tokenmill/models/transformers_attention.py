@@ -1,5 +1,7 @@
-"""The attention function tokenmill registers with transformers' ``AttentionInterface``, so that a
-Hugging Face model's own attention modules call tokenmill's paged attention backend.
+"""paged_attention_forward: the transformers ``AttentionInterface`` function backed by tokenmill's paged attention.
+
+Registered with transformers so that a Hugging Face model's own attention modules call the step's
+attention backend.
 
 Transformers models call ``attention_interface(module, query, key, value, attention_mask, *,
 scaling, sliding_window, softcap, ...)`` with ``query`` [1, heads, T, head_size] and

@@ -1,5 +1,6 @@
-"""TransformersCausalLM: any decoder-only architecture transformers implements, run by its own
-modeling code with tokenmill's paged KV cache and continuous batching.
+"""TransformersCausalLM: any decoder transformers implements, on tokenmill's paged KV cache and batching.
+
+The model runs its own transformers modeling code.
 
 The Hugging Face model is built from its config with ``attn_implementation`` set to tokenmill's
 registered attention function (``transformers_attention``), its own KV cache disabled, and fed the

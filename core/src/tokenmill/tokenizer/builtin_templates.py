@@ -1,5 +1,6 @@
-"""Built-in chat templates for well-known model families, used when a checkpoint ships none (GGUF
-files often lack ``tokenizer.chat_template``). The engine's ``chat_template`` argument always wins;
+"""Built-in chat templates for well-known model families, used when a checkpoint ships none.
+
+GGUF files often lack ``tokenizer.chat_template``. The engine's ``chat_template`` argument always wins;
 a model's own template wins over these. Families are recognised by architecture name.
 """
 
