@@ -141,3 +141,19 @@ def test_missing_expert_is_reported(checkpoints, tmp_path):
     model = build_model(hf.config, ModelBuildContext())
     with pytest.raises(MissingWeightsError, match=r"model\.layers\.1\.mlp\.experts\.w13_weight"):
         load_weights(model, str(tmp_path))
+
+
+def test_llm_greedy_generation_matches_hf(checkpoints):
+    """Through the whole engine (its unquantized quantizer, scheduler and sampler)."""
+    from tokenmill import LLM, SamplingParams
+
+    path, hf = checkpoints("qwen2-moe-shared-expert-mixed-layers")
+    parity.save_word_tokenizer(path, hf.config.vocab_size)
+    llm = LLM(str(path), dtype="float32", kv_cache_memory="16MiB")
+    prompts = parity.prompts(hf.config.vocab_size, [6, 19], seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        with torch.inference_mode():
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        assert output.outputs[0].token_ids == want[0, len(prompt):].tolist()
