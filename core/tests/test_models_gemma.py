@@ -81,6 +81,10 @@ def test_layer_specs_alternate_windows_and_carry_gemma_scaling(checkpoints):
     assert set(gemma3.model.rotary) == {"sliding_attention", "full_attention"}
     # linear scaling: the table covers max_position_embeddings, not factor times it
     assert gemma3.model.rotary["full_attention"].max_position == 256
+    # Hugging Face's Gemma 3 ignores attn_logit_softcapping; the final logits stay capped
+    capped = parity.Runner(checkpoints("gemma3-layer-types-softcap")[0]).model
+    assert {s.logits_soft_cap for s in capped.attention_specs()} == {None}
+    assert capped.final_logit_softcapping == 4.0
 
 
 def test_gemma_norm_offsets_weight_from_one():
