@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import platform as host
 from collections.abc import Mapping
 from functools import cached_property
@@ -83,13 +85,13 @@ class CpuPlatform(Platform):
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and
-        one thread per physical core."""
+        one thread per physical core (unless OMP_NUM_THREADS is set)."""
         overrides: dict[str, Any] = {}
         if _unset(config, "dtype"):
             overrides["dtype"] = self.capabilities.dtypes[0]
         if _unset(config, "kv_cache_memory"):
             overrides["kv_cache_memory"] = min(int(self.memory_info().free * KV_CACHE_FRACTION), KV_CACHE_CAP)
-        if _unset(config, "num_threads"):
+        if _unset(config, "num_threads") and not os.environ.get("OMP_NUM_THREADS"):
             overrides["num_threads"] = self.physical_cores
         return overrides
 
