@@ -141,7 +141,8 @@ def json_events(response: httpx.Response) -> list[dict]:
 def assert_still_serving(url: str, headers: dict[str, str] | None = None) -> None:
     """/health is 200 and a normal completion succeeds (every fault case ends with this)."""
     assert httpx.get(url + "/health", timeout=10).status_code == 200
-    response = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, headers=headers,
+    response = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "ignore_eos": True},
+                          headers=headers,
                           timeout=60)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 2

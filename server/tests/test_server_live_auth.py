@@ -91,6 +91,24 @@ def test_x_api_key_on_anthropic_routes(keyed):
     assert status(keyed, "GET", "/v1/models", headers={"x-api-key": "alpha-key"}) == 401
 
 
+def test_sdks_authenticate_with_their_default_headers(keyed):
+    import anthropic
+    import openai
+
+    message = anthropic.Anthropic(base_url=keyed.url, api_key="alpha-key", max_retries=0).messages.create(
+        model="tiny-llama", max_tokens=2, messages=[{"role": "user", "content": "hi"}])  # sends x-api-key
+    assert message.usage.output_tokens == 2
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=keyed.url, api_key="wrong", max_retries=0).messages.create(
+            model="tiny-llama", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    bearer = anthropic.Anthropic(base_url=keyed.url, auth_token="beta-key", max_retries=0)
+    assert bearer.messages.count_tokens(model="tiny-llama", messages=[{"role": "user", "content": "hi"}]).input_tokens
+    client = openai.OpenAI(base_url=keyed.url + "/v1", api_key="beta-key", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
 def test_cors_preflight_needs_no_key(keyed):
     response = httpx.options(keyed.url + "/v1/chat/completions", headers={
         "Origin": "http://example.com", "Access-Control-Request-Method": "POST",

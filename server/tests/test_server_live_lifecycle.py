@@ -35,6 +35,19 @@ def servers(tiny_model, tmp_path_factory):
             server.stop(timeout=5)
 
 
+def running(server) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=5).text
+    line = next(line for line in text.splitlines() if line.startswith("tokenmill:num_requests_running{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def wait_running(server, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while running(server) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} requests ever ran"
+        time.sleep(0.02)
+
+
 def open_stream(server, body):
     """Start a streaming completion in a thread; returns (thread, result dict with 'events')."""
     result = {}
@@ -49,10 +62,7 @@ def open_stream(server, body):
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and httpx.get(server.url + "/metrics").text.find(
-            'tokenmill:num_requests_running{model_name="tiny-llama"} 0.0') != -1:
-        time.sleep(0.02)
+    wait_running(server, 1)
     return thread, result
 
 
@@ -119,7 +129,7 @@ def test_sigterm_with_zero_timeout_aborts_with_errors(servers):
 
     other = threading.Thread(target=nonstreaming)
     other.start()
-    time.sleep(0.5)
+    wait_running(server, 2)
     server.process.send_signal(signal.SIGTERM)
     thread.join(30)
     other.join(30)

@@ -125,6 +125,11 @@ class EngineCoreClient:
         self._requests.send_multipart([kind, wire.encoder.encode(payload)], flags=zmq.NOBLOCK)
 
     @property
+    def socket_dir(self) -> str:
+        """The private directory holding the IPC sockets (removed by ``shutdown``)."""
+        return self._socket_dir
+
+    @property
     def is_alive(self) -> bool:
         return not self._closed and self.process.poll() is None
 
