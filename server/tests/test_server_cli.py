@@ -4,11 +4,11 @@ server flags."""
 import argparse
 
 import pytest
+
 from tokenmill.cli.builtin_commands import BUILTIN_COMMAND_MODULES
 from tokenmill.cli.engine_flags import engine_args_from
 from tokenmill.cli.main import build_parser
 from tokenmill.discovery import build_plugin_manager, discover
-
 from tokenmill_server import bench
 from tokenmill_server.bench.bench_command import add_parser as add_bench_parser
 from tokenmill_server.bench.serve_load import percentiles

@@ -1,8 +1,8 @@
 """Error shapes and sanitizing, logprobs formats, conversations for the chat template."""
 
 import pytest
-from tokenmill.outputs import Logprob
 
+from tokenmill.outputs import Logprob
 from tokenmill_server.conversation import anthropic_conversation, openai_conversation, template_options
 from tokenmill_server.error_handlers import validation_message
 from tokenmill_server.errors import ApiError, error_body, error_status, overloaded, sanitize

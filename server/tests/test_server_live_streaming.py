@@ -215,5 +215,5 @@ def test_reused_client_request_ids_do_not_cross_talk(tiny_server):
 
     prompts, bodies = asyncio.run(run())
     assert len({b["id"] for b in bodies}) == 4
-    for prompt, body in zip(prompts, bodies):
+    for prompt, body in zip(prompts, bodies, strict=True):
         assert body["choices"][0]["text"].startswith(prompt)

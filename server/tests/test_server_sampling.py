@@ -4,8 +4,8 @@ import math
 
 import pytest
 from pydantic import ValidationError
-from tokenmill.sampling_params import RequestOutputKind
 
+from tokenmill.sampling_params import RequestOutputKind
 from tokenmill_server.errors import ApiError
 from tokenmill_server.protocol.anthropic import MessagesRequest
 from tokenmill_server.protocol.chat import ChatCompletionRequest

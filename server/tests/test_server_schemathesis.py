@@ -9,8 +9,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from tokenmill_server.protocol.common import INT64_MAX
-
 pytestmark = pytest.mark.slow
 _CAPS = {"max_tokens": 2, "max_completion_tokens": 2, "n": 2, "best_of": 2, "min_tokens": 1}
 
@@ -32,7 +30,6 @@ def clamp(body):
         body["best_of"] = max(body["best_of"], body["n"])
     if isinstance(body.get("max_tokens"), int) and body.get("min_tokens", 0) > body["max_tokens"]:
         body["min_tokens"] = 0
-    assert INT64_MAX  # the schema's bounds are 64-bit
 
 
 def test_no_server_errors(tiny_server):
@@ -43,6 +40,7 @@ def test_no_server_errors(tiny_server):
     assert len(operations) >= 10
     statuses: dict[str, list[int]] = {}
     for operation in operations:
+        label = operation.label
         for mode, examples in ((GenerationMode.POSITIVE, 40), (GenerationMode.NEGATIVE, 15)):
             if mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET":
                 continue
@@ -53,11 +51,11 @@ def test_no_server_errors(tiny_server):
             def call(case):
                 clamp(case.body)
                 response = case.call_and_validate(checks=[not_a_server_error], timeout=120)
-                statuses.setdefault(operation.label, []).append(response.status_code)
+                statuses.setdefault(case.operation.label, []).append(response.status_code)
 
             started = time.monotonic()
             call()
-            print(f"{operation.label} {mode.value}: {time.monotonic() - started:.1f} s")
+            print(f"{label} {mode.value}: {time.monotonic() - started:.1f} s")
     print({label: (len(codes), sorted(set(codes))) for label, codes in statuses.items()})
     for label in ("POST /v1/completions", "POST /v1/chat/completions", "POST /v1/messages"):
         assert 200 in statuses[label], f"no generated request to {label} was valid: {statuses[label]}"

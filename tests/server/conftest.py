@@ -12,7 +12,6 @@ sys.path.insert(0, str(REPO / "server" / "tests"))  # the live-server helpers (s
 from server_live import LiveServer  # noqa: E402
 
 
-
 @pytest.fixture(scope="session")
 def smollm2_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("smollm2-server") / "server.log"

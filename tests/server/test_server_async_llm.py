@@ -6,6 +6,7 @@ import os
 
 import pytest
 from server_live import build_tiny_model
+
 from tokenmill.config import EngineArgs
 from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
 from tokenmill.engine.core_client import EngineCoreClient

@@ -11,9 +11,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
-from tokenmill.engine.async_llm import AsyncLLM
 
 import tokenmill
+from tokenmill.engine.async_llm import AsyncLLM
 from tokenmill_server.auth import ApiKeyMiddleware
 from tokenmill_server.body_limit import BodyLimitMiddleware
 from tokenmill_server.error_handlers import install_error_handlers

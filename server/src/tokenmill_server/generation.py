@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from typing import TypeVar
 
 from starlette.requests import Request
+
 from tokenmill.engine.async_llm import (
     EngineDeadError,
     QueueFullError,
@@ -18,7 +19,6 @@ from tokenmill.engine.async_llm import (
 )
 from tokenmill.engine.input_processor import PromptTooLongError
 from tokenmill.outputs import RequestOutput
-
 from tokenmill_server.errors import ApiError, bad_request, overloaded, unavailable
 
 T = TypeVar("T")

@@ -4,6 +4,7 @@ IterationStats (one per step or abort). Each app has its own registry."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 from tokenmill.engine.async_llm import IterationStats
 
 PREFIX = "tokenmill:"

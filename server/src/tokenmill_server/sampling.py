@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
-
 from tokenmill_server.errors import ApiError, bad_request, context_length_exceeded, model_not_found, unsupported
 from tokenmill_server.protocol.common import SamplingFields
 

@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import uvicorn
+
 from tokenmill.config import EngineArgs
 from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError
-
 from tokenmill_server.app import build_app
 from tokenmill_server.server_args import ServerSettings
 from tokenmill_server.state import ServerState

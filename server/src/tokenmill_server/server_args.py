@@ -8,7 +8,6 @@ import os
 from dataclasses import dataclass
 
 from tokenmill.config import parse_size
-
 from tokenmill_server.sampling import RequestLimits
 
 API_KEY_ENV = "TOKENMILL_API_KEY"

@@ -9,8 +9,8 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from tokenmill.outputs import CompletionOutput, RequestOutput
 
+from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill_server.conversation import openai_conversation, template_options
 from tokenmill_server.errors import ApiError, bad_request, error_body, unsupported
 from tokenmill_server.event_stream import DONE, EventStreamResponse, data_event

@@ -8,10 +8,10 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.tokenizer import token_texts
-
 from tokenmill_server.errors import ApiError, bad_request, error_body, unsupported
 from tokenmill_server.event_stream import DONE, EventStreamResponse, data_event
 from tokenmill_server.generation import (

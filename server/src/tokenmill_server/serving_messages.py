@@ -9,9 +9,9 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
 from tokenmill.outputs import CompletionOutput
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
-
 from tokenmill_server.conversation import anthropic_conversation
 from tokenmill_server.errors import ApiError, bad_request, error_body, unsupported
 from tokenmill_server.event_stream import EventStreamResponse, named_event

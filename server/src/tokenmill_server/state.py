@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
-from tokenmill.engine.async_llm import AsyncLLM
 
+from tokenmill.engine.async_llm import AsyncLLM
 from tokenmill_server.errors import ApiError, unavailable
 from tokenmill_server.metrics import ServerMetrics
 from tokenmill_server.sampling import ModelLimits, RequestLimits

@@ -74,7 +74,7 @@ class EngineCoreClient:
         """Wait until the model is loaded; EngineDeadError if the process fails or the timeout passes."""
         try:
             kind, payload = await asyncio.wait_for(self._receive(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise EngineDeadError(f"the engine was not ready within {timeout:.0f} s") from None
         if kind == wire.DEAD:
             raise EngineDeadError(f"the engine failed to start: {wire.failure_decoder.decode(payload).message}")

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 import tokenmill
+from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill_server.errors import ApiError
 from tokenmill_server.generation import check_text, engine_errors, new_request_id
 from tokenmill_server.grpc_api import tokenmill_pb2 as pb
