@@ -218,3 +218,11 @@ def test_tokenize_and_detokenize_round_trip(tiny_server):
     assert "Hello there" in text
     assert httpx.post(tiny_server.url + "/detokenize", json={"tokens": [10**7]}).status_code == 400
     assert httpx.post(tiny_server.url + "/tokenize", json={}).status_code == 400
+
+
+def test_chat_echo_and_continue_final_message(tiny_server):
+    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Sure, "}]
+    response = chat(tiny_server, messages=messages, echo=True, continue_final_message=True,
+                    add_generation_prompt=False)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"].startswith("Sure, ")

@@ -217,3 +217,13 @@ def test_reused_client_request_ids_do_not_cross_talk(tiny_server):
     assert len({b["id"] for b in bodies}) == 4
     for prompt, body in zip(prompts, bodies, strict=True):
         assert body["choices"][0]["text"].startswith(prompt)
+
+
+def test_throughput_is_logged_while_busy(tiny_server):
+    httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 20, "ignore_eos": True},
+               timeout=60)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "generation throughput:" not in tiny_server.log_tail(100_000):
+        time.sleep(0.2)
+    line = next(line for line in tiny_server.log_tail(100_000).splitlines() if "generation throughput:" in line)
+    assert "running:" in line and "waiting:" in line and "KV cache usage:" in line

@@ -20,9 +20,22 @@ def post(server, path, **kwargs):
 
 
 def raw_exchange(server, data: bytes, read_timeout: float = 10.0) -> bytes:
+    """Send raw bytes; the reply up to the server's close (or the first 64 KiB, or the timeout)."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=read_timeout) as sock:
-        sock.sendall(data)
-        return sock.recv(4096)
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may refuse and close before reading all of it
+        reply = b""
+        while len(reply) < 65536:
+            try:
+                chunk = sock.recv(4096)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            reply += chunk
+        return reply
 
 
 @pytest.mark.parametrize("body", [b'{"model":', b"[]", b'"text"', b"", b"null", b"\xff\xfe\x00{}", b'{"prompt": "a\xff"}'])
