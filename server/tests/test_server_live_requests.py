@@ -226,3 +226,8 @@ def test_chat_echo_and_continue_final_message(tiny_server):
                     add_generation_prompt=False)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"].startswith("Sure, ")
+
+
+def test_documents_and_reasoning_effort_reach_the_template(tiny_server):
+    response = chat(tiny_server, documents=[{"title": "t", "text": "x"}], reasoning_effort="low")
+    assert response.status_code == 200, response.text

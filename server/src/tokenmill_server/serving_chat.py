@@ -63,6 +63,10 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
     _check_features(body, state)
     options = template_options(body.chat_template, body.chat_template_kwargs, body.add_generation_prompt,
                                body.continue_final_message, state.limits)
+    if body.documents is not None:
+        options["documents"] = body.documents  # for templates with retrieval documents
+    if body.reasoning_effort is not None:
+        options["reasoning_effort"] = body.reasoning_effort  # a template variable, as in vLLM
     engine = state.engine
     with engine_errors(state.metrics):
         engine.check_admission(body.n)
