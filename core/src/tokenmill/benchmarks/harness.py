@@ -31,12 +31,22 @@ def build_workload(model: str, name: str, num_prompts: int | None = None, output
     return {"name": name, "prompts": prompts, "output_len": spec["output_len"]}
 
 
+PEER_SCRIPTS = {"vllm": "vllm_engine.py", "llama.cpp": "llama_cpp_engine.py"}
+
+
 def run_engine(engine: str, model: str, workload: dict[str, Any], options: dict[str, Any], timeout: float = 1800,
                python: str = sys.executable) -> dict[str, Any]:
-    """One engine in a fresh process (its own process group, ended on timeout); errors are recorded, not raised."""
+    """One engine in a fresh process (its own process group, ended on timeout); errors are recorded, not raised.
+
+    tokenmill and HF run as ``tokenmill.benchmarks.engine_process``; peers run their standalone
+    script under their own ``python`` (the .bench-venv)."""
     request = json.dumps({"engine": engine, "model": model, "workload": workload, "options": options})
+    if engine in PEER_SCRIPTS:
+        command = [python, os.path.join(os.path.dirname(__file__), "peers", PEER_SCRIPTS[engine])]
+    else:
+        command = [python, "-m", "tokenmill.benchmarks.engine_process"]
     started = time.perf_counter()
-    process = subprocess.Popen([python, "-m", "tokenmill.benchmarks.engine_process"], stdin=subprocess.PIPE,
+    process = subprocess.Popen(command, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = process.communicate(request, timeout=timeout)

