@@ -19,7 +19,12 @@ CPU_REASON = "on the CPU Triton runs only as its slow interpreter (TRITON_INTERP
 class TritonAttentionBackend(AttentionBackend):
     """One Triton kernel for mixed prefill + decode steps over the paged cache, plus a Triton
     KV-cache write. Any head size up to 256 (padded to a power of two inside the kernel), any
-    block size, GQA/MQA, sliding window, soft-capping, and fp8 KV caches (scale 1.0)."""
+    block size, GQA/MQA, sliding window, soft-capping, and fp8 KV caches (scale 1.0).
+
+    Graph capture: a decode-only plan holds the batch's device tensors as they are, and its tile
+    map (one tile per request) depends only on the number of requests; the kernels read lengths,
+    block tables and slots from the device. The tile map is built on the host the first time a
+    layer runs a plan, so a plan must run once eagerly before it is captured."""
 
     name = "triton"
     capabilities = AttentionCapabilities(
@@ -32,6 +37,7 @@ class TritonAttentionBackend(AttentionBackend):
         logits_soft_cap=True,
         non_causal=True,
         families=("triton",),
+        graph_capture=True,  # decode plans hold only the batch's tensors and a tile map fixed by the batch size
     )
 
     @classmethod

@@ -46,6 +46,13 @@ class AttentionCapabilities:
     logits_soft_cap: bool = True
     non_causal: bool = False
     families: tuple[str, ...] = ()  # platform family tags this backend can run on, besides device_types
+    graph_capture: bool = False
+    """Whether a decode-only step may be planned once and replayed many times (CUDA graphs): for a
+    batch where every request has one query token, ``plan`` keeps the batch's device tensors
+    themselves (no copies), derives host-side state only from ``query_lens_cpu``, ``num_tokens``,
+    ``max_query_len`` and ``block_size``, and ``forward`` reads sequence lengths, block tables and
+    slots from those device tensors alone and never synchronises with the host. One plan then
+    stays valid while the tensors' contents change between replays. Default False."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from torch import nn
 from tokenmill.engine.messages import LogprobsEntry
 from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionSpec
+from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder
 from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
@@ -56,6 +57,7 @@ class ModelRunner:
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
         self.sampler = Sampler()
+        self.decode_graphs: DecodeGraphRunner | None = None  # set (and captured) by the engine builder
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
@@ -66,9 +68,12 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return result
         step = self.inputs.build(scheduler_output.scheduled)
-        metadata = self.backend.plan(step.attention)
-        ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
-        hidden = self.model(step.input_ids, step.positions, ctx)
+        if self.decode_graphs is not None and self.decode_graphs.accepts(step):
+            hidden = self.decode_graphs.run(step)
+        else:
+            metadata = self.backend.plan(step.attention)
+            ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
+            hidden = self.model(step.input_ids, step.positions, ctx)
 
         for scheduled in scheduler_output.scheduled:
             span = step.prompt_logprob_spans.get(scheduled.request_id)
