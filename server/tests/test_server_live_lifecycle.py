@@ -3,6 +3,7 @@ section 6 I.69-71), each on its own tiny-model server (started together to save 
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -175,10 +176,12 @@ def test_engine_death_makes_the_server_exit_1(servers):
 def test_engine_dies_with_the_server(servers):
     server = servers["orphan"]
     engine = engine_process(server)
+    address = next(arg for arg in engine.cmdline() if arg.startswith("ipc://"))
     os.kill(server.process.pid, signal.SIGKILL)
     server.process.wait(10)
     engine.wait(10)  # the parent-death signal (and the watchdog) end it
     assert not engine.is_running()
+    shutil.rmtree(os.path.dirname(address[len("ipc://"):]), ignore_errors=True)  # a killed server cannot clean up
 
 
 def test_bad_model_path_fails_cleanly(tmp_path):
