@@ -54,5 +54,10 @@ bench-peers: install $(BENCH_VENV)/.installed
 	$(VENV)/bin/tokenmill bench throughput --compare-hf --peers --output bench-w1.json
 	$(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2.json
 
+# Serving benchmark against a running server (start one with `make serve` in another terminal).
+bench-serve: install
+	$(VENV)/bin/tokenmill bench serve --base-url http://127.0.0.1:8000 --num-prompts 64 --input-len 128 \
+		--output-len 128 --max-concurrency 64 --output bench-serve.json
+
 clean:
 	rm -rf $(VENV) .bench-venv
