@@ -1,0 +1,75 @@
+"""CpuAttentionBackend: the reference paged attention with decode steps computed by a native kernel.
+
+Decode rows (one query per request, float32 cache) attend in place over the cache blocks through
+``kernels/paged_decode.c`` — no per-layer gather of keys and values, one call per layer for all
+requests. Prefill chunks and other dtypes take the plain-PyTorch reference path unchanged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from tokenmill.plugin_api import AttentionCapabilities, AttentionSpec
+from tokenmill.reference.attention import AttentionGroup, ReferenceAttentionBackend
+
+from tokenmill_cpu.kernels.native import MAX_GROUP, MAX_HEAD_SIZE, load_library, unavailable_reason
+
+
+class CpuAttentionBackend(ReferenceAttentionBackend):
+    """Plain-PyTorch paged attention for prefill, a native in-place kernel for float32 decodes."""
+
+    name = "cpu"
+    capabilities = AttentionCapabilities(
+        device_types=("cpu",),
+        dtypes=("float32", "float16", "bfloat16"),
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+    )
+
+    @classmethod
+    def availability(cls) -> str | None:
+        """The reason the native kernel cannot be built or loaded here (no C compiler), or None."""
+        return unavailable_reason()
+
+    @classmethod
+    def validate(cls, spec: AttentionSpec, device_type: str, families: tuple[str, ...] = ()) -> list[str]:
+        """The default capability checks (device, dtypes, availability), without the reference's
+        any-device rule: this backend runs on the CPU only."""
+        return super(ReferenceAttentionBackend, cls).validate(spec, device_type, families)
+
+    def __init__(self, device: Any = None) -> None:
+        super().__init__(device)
+        self._kernel = load_library().paged_decode_f32
+
+    def _attend(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                blocks: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+        native = (group.max_query_len == 1 and query.dtype == torch.float32 and blocks.dtype == torch.float32
+                  and spec.head_size <= MAX_HEAD_SIZE and spec.num_heads // spec.num_kv_heads <= MAX_GROUP)
+        if not native:
+            return super()._attend(spec, query, key, value, blocks, group)
+        tables, lens = _native_inputs(group)
+        query = query.contiguous()
+        out = torch.empty_like(query)
+        num_blocks = blocks.shape[1]
+        block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
+        self._kernel(
+            ctypes.c_void_p(query.data_ptr()), ctypes.c_void_p(blocks.data_ptr()), ctypes.c_void_p(tables.data_ptr()),
+            ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(out.data_ptr()), group.num_requests, spec.num_heads,
+            spec.num_kv_heads, spec.head_size, block_size, num_blocks, tables.shape[1], spec.scale,
+            spec.sliding_window or 0, spec.logits_soft_cap or 0.0,
+        )
+        return out
+
+
+def _native_inputs(group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 block tables and sequence lengths of a decode group, built once per step (the group
+    object lives for one step and is shared by every layer)."""
+    cached = getattr(group, "_native_inputs", None)
+    if cached is None:
+        tables = group.block_index.to(torch.int32).contiguous()
+        lens = (group.query_positions[:, 0] + 1).to(torch.int32).contiguous()
+        cached = (tables, lens)
+        object.__setattr__(group, "_native_inputs", cached)
+    return cached

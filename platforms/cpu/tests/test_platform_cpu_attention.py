@@ -1,0 +1,60 @@
+"""The CPU backend's native decode kernel against the plain-PyTorch reference backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmill.plugin_api import AttentionBatch, AttentionSpec
+from tokenmill.reference.attention import ReferenceAttentionBackend
+
+from tokenmill_cpu.attention import CpuAttentionBackend
+from tokenmill_cpu.kernels.native import unavailable_reason
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+
+
+def _batch(query_lens, context_lens, block_size, num_blocks, generator):
+    """A step over requests with random, disjoint block tables (block 0 stays the null block)."""
+    seq_lens = [q + c for q, c in zip(query_lens, context_lens)]
+    needed = [-(-s // block_size) for s in seq_lens]
+    ids = (torch.randperm(num_blocks - 1, generator=generator) + 1).tolist()
+    tables, slots = torch.zeros(len(seq_lens), max(needed), dtype=torch.int32), []
+    for row, (count, q, c) in enumerate(zip(needed, query_lens, context_lens)):
+        tables[row, :count] = torch.tensor([ids.pop() for _ in range(count)], dtype=torch.int32)
+        slots += [int(tables[row, p // block_size]) * block_size + p % block_size for p in range(c, c + q)]
+    starts = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)
+    return AttentionBatch(
+        query_start_loc=starts, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32), block_tables=tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64), query_lens_cpu=list(query_lens),
+        seq_lens_cpu=seq_lens, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        num_tokens=sum(query_lens), block_size=block_size)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80)])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (7, None), (None, 30.0)])
+@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1, 5, 1, 3]])
+def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_lens):
+    generator = torch.Generator().manual_seed(heads * 100 + head_size)
+    block_size, num_blocks = 16, 64
+    spec = AttentionSpec(heads, kv_heads, head_size, head_size**-0.5, "float32", block_size=block_size,
+                         sliding_window=window, logits_soft_cap=soft_cap)
+    batch = _batch(query_lens, [0, 37, 15, 50], block_size, num_blocks, generator)
+    shape = (2, num_blocks, block_size, kv_heads, head_size)
+    caches = [torch.randn(shape, generator=generator) for _ in range(2)]
+    caches[1].copy_(caches[0])
+    q = torch.randn(batch.num_tokens, heads, head_size, generator=generator)
+    k = torch.randn(batch.num_tokens, kv_heads, head_size, generator=generator)
+    v = torch.randn(batch.num_tokens, kv_heads, head_size, generator=generator)
+    reference, native = ReferenceAttentionBackend(), CpuAttentionBackend()
+    expected = reference.forward(spec, q, k, v, caches[0], reference.plan(batch))
+    actual = native.forward(spec, q, k, v, caches[1], native.plan(batch))
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(caches[1], caches[0], atol=0, rtol=0)
+
+
+def test_selected_on_the_cpu_with_reasons_elsewhere():
+    spec = AttentionSpec(9, 3, 64, 0.125, "float32")
+    assert CpuAttentionBackend.validate(spec, "cpu") == []
+    assert CpuAttentionBackend.validate(spec, "cuda")
