@@ -53,6 +53,7 @@ class EngineArgs:
     chat_template: str | None = None
     served_model_name: str | None = None
     num_threads: int | None = None
+    enforce_eager: bool = False  # never capture graphs, even where the platform can
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -118,6 +119,8 @@ class EngineConfig:
     num_threads: int | None
     selection: Any  # tokenmill.discovery SelectionReport
     report: tuple[str, ...] = field(default=())
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None  # set: size the KV cache again after a profiling step
 
     def render_report(self) -> str:
         return "\n".join(self.report)

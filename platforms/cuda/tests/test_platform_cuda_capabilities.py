@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tokenmill.plugin_api import Fp8Format
 from tokenmill_cuda.capabilities import cuda_capabilities
 from tokenmill_cuda.platform import CudaPlatform

@@ -181,5 +181,6 @@ def resolve_config(args: EngineArgs) -> EngineConfig:
         model=model, cache=cache, max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, seed=args.seed, max_logprobs=args.max_logprobs,
-        num_threads=args.num_threads, selection=selection, report=tuple(report),
+        num_threads=args.num_threads, selection=selection, report=tuple(report), enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=None if parse_size(args.kv_cache_memory) else args.gpu_memory_utilization,
     )

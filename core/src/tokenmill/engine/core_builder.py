@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -12,6 +13,8 @@ from tokenmill.discovery import build_plugin_manager, discover
 from tokenmill.engine.engine_core import EngineCore
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import load_model
+from tokenmill.runner.graph_runner import DecodeGraphRunner, decode_graph_factory
+from tokenmill.runner.memory_profile import kv_cache_sizing, profile_memory_in_use
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.scheduler.config import SchedulerConfig
 from tokenmill.scheduler.scheduler import Scheduler
@@ -37,18 +40,52 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
     logger.info("loaded %s (%s, %s) in %.1f s; linear kernels: %s", config.model.architecture, config.model.dtype,
                 config.model.quantization, time.perf_counter() - started, build.kernel_summary())
 
-    runner = ModelRunner(model, backend, num_blocks=config.cache.num_blocks, block_size=config.cache.block_size,
+    num_blocks = _profiled_num_blocks(config, model, backend) if config.gpu_memory_utilization else \
+        config.cache.num_blocks
+    runner = ModelRunner(model, backend, num_blocks=num_blocks, block_size=config.cache.block_size,
                          max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
                          max_model_len=config.model.max_model_len, vocab_size=config.model.vocab_size,
                          device=platform.torch_device())
+    _attach_decode_graphs(config, runner)
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=config.model.max_model_len, block_size=config.cache.block_size,
-        num_blocks=config.cache.num_blocks, enable_prefix_caching=config.cache.enable_prefix_caching,
+        num_blocks=num_blocks, enable_prefix_caching=config.cache.enable_prefix_caching,
         enable_chunked_prefill=config.enable_chunked_prefill, policy=config.scheduling_policy))
     hooks = build_plugin_manager(discover()).hook
     hooks.on_engine_start(engine_info={
         "platform": platform.name, "device": str(platform.torch_device()), "model": config.model.path,
-        "dtype": config.model.dtype, "kv_cache_blocks": config.cache.num_blocks, "block_size": config.cache.block_size})
+        "dtype": config.model.dtype, "kv_cache_blocks": num_blocks, "block_size": config.cache.block_size})
     return EngineCore(scheduler, runner, on_request_finished=hooks.on_request_finished,
                       on_stop=hooks.on_engine_stop)
+
+
+def _profiled_num_blocks(config: EngineConfig, model: Any, backend: Any) -> int:
+    """KV-cache blocks that fit under ``gpu_memory_utilization`` once the model is loaded and the
+    largest step has run (replaces the resolver's estimate from the checkpoint's size)."""
+    platform = config.selection.platform_instance
+    memory = profile_memory_in_use(model, backend, platform, num_tokens=config.max_num_batched_tokens,
+                                   num_sampled=config.max_num_seqs, max_model_len=config.model.max_model_len,
+                                   block_size=config.cache.block_size)
+    sizing = kv_cache_sizing(memory, config.gpu_memory_utilization, config.cache.bytes_per_block)
+    capacity = (sizing.num_blocks - 1) * config.cache.block_size
+    if capacity < config.model.max_model_len:
+        raise ValueError(f"after profiling, the KV cache holds {capacity} tokens, fewer than max_model_len="
+                         f"{config.model.max_model_len}: lower --max-model-len or raise --gpu-memory-utilization")
+    logger.info("%s (estimated before loading: %d blocks)", sizing.describe(), config.cache.num_blocks)
+    return sizing.num_blocks
+
+
+def _attach_decode_graphs(config: EngineConfig, runner: ModelRunner) -> None:
+    """Capture decode graphs when the platform and attention backend allow it and enforce_eager is off."""
+    platform = config.selection.platform_instance
+    new_graph, reason = decode_graph_factory(platform, runner.backend, config.enforce_eager)
+    if new_graph is None:
+        logger.info("decode graphs: off (%s)", reason)
+        return
+    runner.decode_graphs = DecodeGraphRunner(
+        runner.model, runner.backend, runner.kv_caches, max_num_seqs=config.max_num_seqs,
+        max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=config.cache.block_size,
+        device=runner.device, new_graph=new_graph)
+    runner.decode_graphs.capture()
+    logger.info("decode graphs: %s", reason)

@@ -8,8 +8,8 @@ from functools import cached_property
 from typing import Any
 
 from tokenmill.plugin_api import DeviceInfo, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
-
 from tokenmill_cuda.capabilities import cuda_capabilities
+from tokenmill_cuda.cuda_graph import CudaDecodeGraph
 
 GPU_MEMORY_UTILIZATION = 0.9
 
@@ -23,6 +23,10 @@ class CudaPlatform(Platform):
 
     name = "cuda"
     device_type = "cuda"
+
+    def __init__(self, device_index: int = 0) -> None:
+        super().__init__(device_index)
+        self._graph_pool: Any = None
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -82,6 +86,15 @@ class CudaPlatform(Platform):
 
         torch.manual_seed(seed)
         torch.cuda.manual_seed_all(seed)
+
+    def create_graph(self) -> CudaDecodeGraph:
+        """A new, empty CUDA graph for one decode batch size (``tokenmill.runner.graph_runner``'s
+        DecodeGraph contract). Every graph of this platform shares one memory pool."""
+        import torch
+
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return CudaDecodeGraph(self.torch_device(), self._graph_pool)
 
     def attention_preference(self) -> tuple[str, ...]:
         """Fastest kernels first; names that are not installed are rejected with a reason."""

@@ -1,0 +1,51 @@
+"""CudaDecodeGraph: one decode batch size recorded as a torch.cuda.CUDAGraph and replayed.
+
+Implements the DecodeGraph contract of ``tokenmill.runner.graph_runner``: ``capture(plan, forward)``
+plans attention once, runs ``forward`` eagerly on a side stream (Triton compiles its kernels and
+backends build their host-side plan state there, outside the capture), then records it; ``replay``
+relaunches the recorded kernels on whatever the static input buffers hold and returns the same
+output tensor every time (valid until the next replay of any graph sharing the pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+WARMUP_RUNS = 2
+
+
+class CudaDecodeGraph:
+    """A recorded decode forward. Graphs of one engine share ``pool`` so captures reuse memory."""
+
+    freezes_plan = True
+
+    def __init__(self, device: Any, pool: Any) -> None:
+        self.device = device
+        self.pool = pool
+        self._graph: Any = None
+        self._output: Any = None
+
+    def capture(self, plan: Callable[[], Any], forward: Callable[[Any], Any]) -> None:
+        """Plan once, warm up eagerly on a side stream, then record ``forward(plan)``."""
+        import torch
+
+        metadata = plan()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                forward(metadata)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = forward(metadata)
+        self._graph, self._output = graph, output
+
+    def replay(self) -> Any:
+        """Relaunch the recorded kernels; returns the captured output tensor, now refreshed."""
+        if self._graph is None:
+            raise RuntimeError("replay() before capture()")
+        self._graph.replay()
+        return self._output
