@@ -173,6 +173,29 @@ def test_graphs_take_only_decode_steps_without_prompt_logprobs_that_fit(tiny_lla
     next_step(expect_graph=False)  # three decodes: more than the largest bucket (2)
 
 
+class RefusingGraph(EagerDecodeGraph):
+    """A device that cannot record the forward (as CUDA refuses a forward that syncs with the host)."""
+
+    def capture(self, plan, forward) -> None:
+        super().capture(plan, forward)
+        raise RuntimeError("the decode forward synchronises with the host")
+
+
+def test_a_refused_capture_leaves_every_step_eager(tiny_llama, caplog):
+    plain = make_runner(tiny_llama, ReferenceAttentionBackend())
+    runner = make_runner(tiny_llama, ReferenceAttentionBackend())
+    graphs = DecodeGraphRunner(runner.model, runner.backend, runner.kv_caches, max_num_seqs=4,
+                               max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=BLOCK_SIZE,
+                               device=runner.device, new_graph=RefusingGraph)
+    with caplog.at_level("WARNING", logger="tokenmill"):
+        assert graphs.capture() is False
+    assert "decode graphs off: capturing batch size 4 failed: the decode forward synchronises" in caplog.text
+    runner.decode_graphs = graphs
+    scheduler_requests = requests(2, seed=4)
+    outputs, decode_sizes = run_side_by_side(plain, runner, scheduler_requests)
+    assert not graphs.graphs and decode_sizes and sum(map(len, outputs.values())) == sum(MAX_TOKENS[:2])
+
+
 def test_a_frozen_plan_needs_a_backend_that_declares_graph_capture(tiny_llama):
     runner = make_runner(tiny_llama, ReferenceAttentionBackend())
     with pytest.raises(ValueError, match="does not declare graph_capture"):

@@ -87,5 +87,7 @@ def _attach_decode_graphs(config: EngineConfig, runner: ModelRunner) -> None:
         runner.model, runner.backend, runner.kv_caches, max_num_seqs=config.max_num_seqs,
         max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=config.cache.block_size,
         device=runner.device, new_graph=new_graph)
-    runner.decode_graphs.capture()
-    logger.info("decode graphs: %s", reason)
+    if runner.decode_graphs.capture():
+        logger.info("decode graphs: %s", reason)
+    else:
+        runner.decode_graphs = None

@@ -164,8 +164,10 @@ class DecodeGraphRunner:
         self._seq_lens_cpu: list[int] = []  # host lengths of the rows now in the buffers (for eager plans)
 
     @torch.inference_mode()
-    def capture(self) -> float:
-        """Capture every bucket's graph, largest first (smaller ones reuse its memory); returns seconds."""
+    def capture(self) -> bool:
+        """Capture every bucket's graph, largest first (smaller ones reuse its memory). A model whose
+        forward cannot be captured (it synchronises with the host, e.g. MoE routing) leaves graphs off
+        with a warning: every step then runs eagerly. Returns whether graphs are on."""
         started = time.perf_counter()
         for bucket in reversed(self.buckets):
             graph = self._new_graph()
@@ -174,12 +176,17 @@ class DecodeGraphRunner:
                                  f"graph would replay a stale attention plan (use enforce_eager)")
             self.buffers.pad(0, self.padding_slot)
             self._seq_lens_cpu = [1] * bucket
-            graph.capture(lambda b=bucket: self._plan(b), lambda metadata, b=bucket: self._forward(b, metadata))
+            try:
+                graph.capture(lambda b=bucket: self._plan(b), lambda metadata, b=bucket: self._forward(b, metadata))
+            except Exception as error:  # the device refused to record this forward; serve eagerly instead
+                self.graphs.clear()
+                logger.warning("decode graphs off: capturing batch size %d failed: %s", bucket, error)
+                return False
             self.graphs[bucket] = graph
-        elapsed = time.perf_counter() - started
         kind = "captured" if self.graphs[self.buckets[-1]].freezes_plan else "prepared (eager)"
-        logger.info("%s decode graphs for batch sizes %s in %.2f s", kind, list(self.buckets), elapsed)
-        return elapsed
+        logger.info("%s decode graphs for batch sizes %s in %.2f s", kind, list(self.buckets),
+                    time.perf_counter() - started)
+        return True
 
     def accepts(self, step: StepInputs) -> bool:
         """Whether ``step`` is decode-only, without prompt logprobs, and fits the largest bucket."""

@@ -27,15 +27,28 @@ class CudaDecodeGraph:
         self._output: Any = None
 
     def capture(self, plan: Callable[[], Any], forward: Callable[[Any], Any]) -> None:
-        """Plan once, warm up eagerly on a side stream, then record ``forward(plan)``."""
+        """Plan once, warm up eagerly on a side stream, then record ``forward(plan)``.
+
+        The second warm-up runs with torch's sync debug mode set to "error", so a forward that
+        synchronises with the host (``.item()``, ``.tolist()``, data-dependent shapes) fails here
+        with a RuntimeError, before any capture has begun, instead of corrupting a capture."""
         import torch
 
         metadata = plan()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                forward(metadata)
+            forward(metadata)  # compiles and autotunes kernels, which may synchronise
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                for _ in range(WARMUP_RUNS - 1):
+                    forward(metadata)
+            except RuntimeError as error:
+                raise RuntimeError(f"the decode forward synchronises with the host, so it cannot be captured: "
+                                   f"{error}") from error
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
