@@ -9,8 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from tokenmill.cli.main import main, version_line
-from tokenmill.plugin_api import DeviceInfo, Platform, PlatformCapabilities, ProbeResult, hookimpl
+from tokenmill.plugin_api import PLUGIN_API_VERSION, DeviceInfo, Platform, PlatformCapabilities, ProbeResult, hookimpl
+
+API = ".".join(map(str, PLUGIN_API_VERSION))
 
 
 class SimulatedGpu(Platform):
@@ -66,7 +69,7 @@ def test_version(capsys):
         main(["--version"], registry=registry())
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == version_line()
-    assert version_line().startswith("tokenmill 0.1.0 (plugin API 1.0")
+    assert version_line().startswith(f"tokenmill 0.1.0 (plugin API {API}")
 
 
 def test_no_command_prints_help(capsys):
@@ -81,7 +84,7 @@ def test_plugins_lists_every_kind_and_marks_the_choice(capsys):
     lines = out.splitlines()
     assert lines[0].split() == ["KIND", "NAME", "DISTRIBUTION", "VERSION", "API", "STATUS", "REASON"]
     gpu = next(line for line in lines if line.startswith("platform") and " gpu *" in line)
-    assert "in-memory-test" in gpu and "1.0" in gpu and "available" in gpu and "2 simulated GPUs" in gpu
+    assert "in-memory-test" in gpu and API in gpu and "available" in gpu and "2 simulated GPUs" in gpu
     npu = next(line for line in lines if " npu " in line)
     assert "unavailable" in npu and "no NPU driver found" in npu
     assert any(line.startswith("attention_backend") and " reference " in line and "tokenmill" in line for line in lines)
@@ -123,7 +126,7 @@ def test_explain_prints_the_report_and_errors_exit_1(tmp_path, capsys):
 def test_env_reports_versions_and_probes(capsys):
     assert main(["env"], registry=registry()) == 0
     out = capsys.readouterr().out
-    for expected in ("python: 3.", "plugin API: 1.0", "torch: ", "triton: ", "transformers: ", "TOKENMILL_DEVICE: ",
+    for expected in ("python: 3.", f"plugin API: {API}", "torch: ", "triton: ", "transformers: ", "TOKENMILL_DEVICE: ",
                      "gpu (in-memory-test): score 100", "device 0: sim 0, 80.0 GiB", "npu (in-memory-test): score 0",
                      "no NPU driver found"):
         assert expected in out

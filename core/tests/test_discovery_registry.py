@@ -5,7 +5,14 @@ import sys
 from importlib.metadata import EntryPoint
 
 from tokenmill.discovery import PluginPolicy, PluginRegistry, PluginStatus, discover
-from tokenmill.plugin_api import AttentionBackend, Platform, PlatformCapabilities, ProbeResult, Quantizer
+from tokenmill.plugin_api import (
+    PLUGIN_API_VERSION,
+    AttentionBackend,
+    Platform,
+    PlatformCapabilities,
+    ProbeResult,
+    Quantizer,
+)
 
 
 class GoodPlatform(Platform):
@@ -74,7 +81,7 @@ def test_statuses_of_in_memory_plugins():
 
 def test_probe_results_are_kept_on_the_record():
     record = PluginRegistry.make_test_instance(platforms=[GoodPlatform], include_core=False).find("platform", "good")[0]
-    assert record.probe == ProbeResult(10, ("fine",)) and record.api_version == (1, 0)
+    assert record.probe == ProbeResult(10, ("fine",)) and record.api_version == PLUGIN_API_VERSION
     assert record.device_type == "cpu" and record.source == "in-memory-test"
 
 

@@ -11,4 +11,5 @@ BUILTIN_COMMAND_MODULES: tuple[str, ...] = (
     "tokenmill.cli.env_command",
     "tokenmill.cli.generate_command",
     "tokenmill.cli.bench_command",
+    "tokenmill.cli.quantize_command",
 )

@@ -115,3 +115,13 @@ class Quantizer:
     def describe(self) -> str:
         """One line describing the parsed settings, for the startup report. Optional."""
         return self.name
+
+    @classmethod
+    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> Mapping[str, Any]:
+        """Write a copy of the float Hugging Face checkpoint ``model_dir`` (config.json + safetensors)
+        to ``out_dir`` with its decoder linear layers in this format, and return the
+        ``quantization_config`` written into ``out_dir/config.json``. ``options`` are the keyword-only
+        parameters the method declares, or the function it wraps with ``functools.wraps``
+        (``tokenmill quantize`` passes only those, e.g. ``bits``, ``group_size``, ``method``); raise
+        ``ValueError`` for a model or option the format cannot take. Optional (since plugin API 1.1); the default says the format cannot be written."""
+        raise NotImplementedError(f"the {cls.name} format cannot write checkpoints")

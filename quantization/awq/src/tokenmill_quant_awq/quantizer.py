@@ -12,12 +12,14 @@ and ``qzeros`` pack 8 columns per int32, ``pack_factor = 8``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill_quant_awq import awq_checkpoint
 from tokenmill_quant_awq.awq_config import AWQConfig, read_quantization_config
 from tokenmill_quant_awq.packing import PER_WORD
 from tokenmill_quant_awq.torch_kernel import AWQTorchKernel
@@ -83,6 +85,12 @@ class AWQQuantizer(Quantizer):
     def describe(self) -> str:
         """``awq 4-bit g128 (gemm)``."""
         return f"awq 4-bit g{self.config.group_size} (gemm)"
+
+    @classmethod
+    @functools.wraps(awq_checkpoint.quantize_checkpoint)
+    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
+        """Write a float checkpoint as AWQ (GEMM, round-to-nearest) (see ``awq_checkpoint.quantize_checkpoint``)."""
+        return awq_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
 
 
 def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:

@@ -16,12 +16,14 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill_quant_fp8 import fp8_checkpoint
 from tokenmill_quant_fp8.fp8_scheme import FLOAT_QUANTIZED, FP8Scheme, compressed_tensors_format
 from tokenmill_quant_fp8.row_scale_loader import RowScaleLoader
 from tokenmill_quant_fp8.scaled_mm_kernel import FP8ScaledMMFnuzKernel, FP8ScaledMMKernel
@@ -91,6 +93,12 @@ class FP8Quantizer(Quantizer):
     def describe(self) -> str:
         """The scale granularity and the config it came from."""
         return self.scheme.describe()
+
+    @classmethod
+    @functools.wraps(fp8_checkpoint.quantize_checkpoint)
+    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
+        """Write a float checkpoint as fp8 e4m3 (see ``fp8_checkpoint.quantize_checkpoint``)."""
+        return fp8_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
 
 
 def _shard_modules(spec: LinearSpec) -> list[str]:

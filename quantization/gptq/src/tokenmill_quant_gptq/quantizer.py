@@ -13,12 +13,14 @@ Parameters, under the checkpoint's names (``out`` fused across shards along ``ou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill_quant_gptq import gptq_checkpoint
 from tokenmill_quant_gptq.bitpack import packed_length
 from tokenmill_quant_gptq.gptq_config import GPTQConfig, read_quantization_config
 from tokenmill_quant_gptq.shard_loaders import BitPackedShardLoader, SharedGroupIndexLoader
@@ -96,6 +98,12 @@ class GPTQQuantizer(Quantizer):
     def describe(self) -> str:
         """``gptq 4-bit g128 sym``-style summary."""
         return self.config.describe()
+
+    @classmethod
+    @functools.wraps(gptq_checkpoint.quantize_checkpoint)
+    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
+        """Write a float checkpoint as GPTQ (see ``gptq_checkpoint.quantize_checkpoint``)."""
+        return gptq_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
 
 
 def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:

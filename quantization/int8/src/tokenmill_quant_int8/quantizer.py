@@ -13,12 +13,14 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill_quant_int8 import int8_checkpoint
 from tokenmill_quant_int8.int8_scheme import INT_FORMATS, Int8Scheme, compressed_tensors_format
 from tokenmill_quant_int8.row_scale_loader import RowScaleLoader
 from tokenmill_quant_int8.w8a8_kernels import Int8IntMMKernel, Int8W8A8TorchKernel
@@ -79,6 +81,12 @@ class INT8Quantizer(Quantizer):
     def describe(self) -> str:
         """W8A8 or W8A16, and the config it came from."""
         return self.scheme.describe()
+
+    @classmethod
+    @functools.wraps(int8_checkpoint.quantize_checkpoint)
+    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
+        """Write a float checkpoint as int8 (see ``int8_checkpoint.quantize_checkpoint``)."""
+        return int8_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
 
 
 def _shard_modules(spec: LinearSpec) -> list[str]:
