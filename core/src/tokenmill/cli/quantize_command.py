@@ -13,16 +13,19 @@ from tokenmill.plugin_api import hookimpl
 
 DESCRIPTION = """\
 Quantize the decoder linear layers of a float Hugging Face checkpoint (config.json + safetensors);
-embeddings, the LM head and norms stay as they are, tokenizer files are copied. Formats:
+embeddings, the LM head and norms stay in float, tokenizer files are copied. Calibrated methods run
+the model layer by layer on calibration text (built-in English prose, or --calibration-file), each
+layer seeing the outputs of the already-quantized layers before it.
 
-  gptq  2/3/4/8-bit integers with group scales, GPTQ v1 layout. --method gptq (default) runs GPTQ:
-        layer by layer on calibration text (built in, or --calibration-file), each layer's Hessians
-        taken after the earlier layers were quantized, with damping and optional act order
-        (--desc-act). --method rtn rounds to nearest.
-  awq   4-bit AWQ GEMM layout, round-to-nearest with a zero point per group (AWQ's activation-aware
-        scale search is not applied).
-  fp8   e4m3 weights, per-channel scales (--weight-block-size N: N x N block scales, the layout
-        transformers reads too), dynamic activation scales.
+  gptq  2/3/4/8-bit integers with group scales, GPTQ v1 layout. --method gptq (default): GPTQ's
+        Hessian-based error feedback, with damping (--damp) and optional act order (--desc-act);
+        --method rtn: round to nearest.
+  awq   4-bit AWQ GEMM layout. --method awq (default): AWQ's activation-aware scale search (scales
+        folded into the norms / previous linears, chosen on the linears' output error), then
+        round to nearest; --method rtn: round to nearest only. Needs a llama-style layer layout.
+  fp8   e4m3 weights with per-channel scales (--weight-block-size N: N x N block scales, the layout
+        transformers reads too), dynamic activation scales. --method rtn (default) or gptq (the
+        same error feedback as GPTQ, on the e4m3 grid).
   int8  symmetric per-channel int8; --activations none (W8A16, default) or dynamic (W8A8).
 
 Each format accepts only its own options; the output loads with tokenmill (--model OUT_DIR).
@@ -42,20 +45,20 @@ def register_commands(subparsers: Any) -> None:
     parser.add_argument("--bits", type=int, default=option, help="bits per weight (gptq: 2, 3, 4, 8; awq: 4)")
     parser.add_argument("--group-size", type=int, default=option,
                         help="inputs sharing a scale and zero point (default 128; gptq: -1 = per column)")
-    parser.add_argument("--method", choices=("rtn", "gptq"), default=option,
-                        help="gptq: GPTQ error compensation (default) or round-to-nearest")
+    parser.add_argument("--method", choices=("rtn", "gptq", "awq"), default=option,
+                        help="rtn (gptq, awq, fp8), gptq (gptq, fp8) or awq (awq); defaults: see above")
     parser.add_argument("--sym", action=argparse.BooleanOptionalAction, default=option,
                         help="gptq: symmetric (default) or asymmetric zero points")
     parser.add_argument("--desc-act", action="store_true", default=option,
-                        help="gptq: act order, columns quantized by decreasing Hessian diagonal (needs --method gptq)")
-    parser.add_argument("--damp", type=float, default=option, help="gptq: Hessian damping, fraction of its mean "
-                                                                    "diagonal (default 0.01)")
-    parser.add_argument("--calibration-file", default=option, help="gptq: UTF-8 text to calibrate on "
-                                                                   "(default: built-in English prose)")
+                        help="gptq, fp8: act order, columns by decreasing Hessian diagonal (needs --method gptq)")
+    parser.add_argument("--damp", type=float, default=option, help="gptq, fp8: Hessian damping, a fraction of its "
+                                                                    "mean diagonal (default 0.1)")
+    parser.add_argument("--calibration-file", default=option, help="UTF-8 text to calibrate on (default: "
+                                                                   "built-in English prose)")
     parser.add_argument("--calibration-sequences", type=int, default=option,
-                        help="gptq: calibration windows (default 16)")
+                        help="calibration windows (default 16)")
     parser.add_argument("--calibration-length", type=int, default=option,
-                        help="gptq: tokens per calibration window (default 256)")
+                        help="tokens per calibration window (default 128)")
     parser.add_argument("--weight-block-size", type=int, default=option, help="fp8: N x N block scales")
     parser.add_argument("--activations", choices=("none", "dynamic"), default=option,
                         help="int8: weight-only (none, default) or per-token int8 activations (dynamic)")
