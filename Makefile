@@ -61,3 +61,18 @@ bench-serve: install
 
 clean:
 	rm -rf $(VENV) .bench-venv
+
+# Wheels a CUDA machine without network lacks (CPython 3.12, x86-64), for ci/gpu_check.sh to install
+# offline: carry .gpu-wheels there. Versions follow .venv where it has the package; setuptools comes
+# along because the editable installs need one that reads SPDX license strings (>= 77).
+GPU_WHEELS := stevedore pbr msgspec pyzmq gguf compressed-tensors pydantic pydantic-core annotated-types \
+	typing-inspection loguru setuptools
+GPU_WHEEL_PLATFORMS := $(foreach n,28 27 26 17,--platform manylinux_2_$(n)_x86_64) \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
+
+.PHONY: gpu-wheels
+gpu-wheels:
+	test -x $(PY) || $(MAKE) install
+	rm -rf .gpu-wheels
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(GPU_WHEEL_PLATFORMS) \
+		-d .gpu-wheels $$($(PY) ci/gpu_check.py --pins $(GPU_WHEELS))

@@ -162,6 +162,7 @@ class DecodeGraphRunner:
         self.graphs: dict[int, DecodeGraph] = {}
         self._new_graph = new_graph
         self._seq_lens_cpu: list[int] = []  # host lengths of the rows now in the buffers (for eager plans)
+        self.capture_seconds = 0.0
 
     @torch.inference_mode()
     def capture(self) -> bool:
@@ -183,9 +184,9 @@ class DecodeGraphRunner:
                 logger.warning("decode graphs off: capturing batch size %d failed: %s", bucket, error)
                 return False
             self.graphs[bucket] = graph
+        self.capture_seconds = time.perf_counter() - started
         kind = "captured" if self.graphs[self.buckets[-1]].freezes_plan else "prepared (eager)"
-        logger.info("%s decode graphs for batch sizes %s in %.2f s", kind, list(self.buckets),
-                    time.perf_counter() - started)
+        logger.info("%s decode graphs for batch sizes %s in %.2f s", kind, list(self.buckets), self.capture_seconds)
         return True
 
     def accepts(self, step: StepInputs) -> bool:
