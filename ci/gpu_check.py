@@ -133,13 +133,12 @@ def make_llm(model: str, device: str, dtype: str, graphs: bool, max_num_seqs: in
     return llm, graphs_state
 
 
-def close(llm) -> None:
-    """Free the engine's KV cache and cached device memory before the next engine starts."""
+def release_memory() -> None:
+    """Collect dropped engines and hand cached device memory back before the next engine starts."""
     import gc
 
     import torch
 
-    llm.engine.core.shutdown()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -177,20 +176,26 @@ def worker_parity(args: argparse.Namespace, sizes: Sizes) -> dict:
                 ids.append(int(logits.argmax()))
             want.append(ids[len(prompt):])
     result: dict = {"prompts": len(prompts), "tokens": sum(max_tokens)}
-    for graphs in (False, True):
+    problems = []
+    for graphs in ("off", "on"):
         # the KV cache is sized after a profiling step (gpu_memory_utilization) on the GPU
-        llm, state = make_llm(model, args.device, "float32", graphs, max_num_seqs=8, gpu_memory_utilization=0.3)
+        llm, state = make_llm(model, args.device, "float32", graphs == "on", max_num_seqs=8,
+                              gpu_memory_utilization=0.3)
         got = greedy(llm, prompts, max_tokens)
         same = sum(a == b for a, b in zip(got, want, strict=True))
-        result[f"graphs_{'on' if graphs else 'off'}"] = {"graphs": state, "identical": same,
-                                                          "kv_blocks": llm.engine.core.scheduler.config.num_blocks}
-        close(llm)
-        if graphs and state == "off":
-            raise RuntimeError("decode graphs were requested but the engine left them off (see its log)")
+        result[f"graphs_{graphs}"] = {"graphs": state, "identical": same,
+                                      "kv_blocks": llm.engine.core.scheduler.config.num_blocks}
+        llm.engine.core.shutdown()
+        del llm
+        release_memory()
+        if graphs == "on" and state == "off":
+            problems.append("decode graphs were requested but the engine left them off (see its log)")
         if same != len(want):
             first = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
-            raise AssertionError(f"graphs {'on' if graphs else 'off'}: {same}/{len(want)} prompts match transformers; "
-                                 f"prompt {first}: tokenmill {got[first]} vs transformers {want[first]}")
+            problems.append(f"graphs {graphs}: {same}/{len(want)} prompts match transformers; prompt {first}: "
+                            f"tokenmill {got[first]} vs transformers {want[first]}")
+    if problems:
+        result["error"] = "; ".join(problems)
     return result
 
 
@@ -219,7 +224,9 @@ def worker_throughput(args: argparse.Namespace, sizes: Sizes) -> dict:
         runs.append({"dtype": args.dtype, "graphs": state, "output_tok_s": round(tokens / elapsed, 1),
                      "elapsed_s": round(elapsed, 3), "output_tokens": tokens, "load_s": round(load_s, 2),
                      "capture_s": round(graphs_runner.capture_seconds, 2) if graphs_runner else 0.0})
-        close(llm)
+        llm.engine.core.shutdown()
+        del llm, graphs_runner
+        release_memory()
     return {"model": "SmolLM2-135M GGUF" if model == gguf else "random weights, shape " +
             ("SmolLM2-135M" if sizes.bench_shape is SMOLLM2_SHAPE else "tiny"), "prompts": len(prompts),
             "runs": runs}
@@ -361,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.result).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
             raise
         Path(args.result).write_text(json.dumps(result))
+        if "error" in result:
+            print(result["error"], file=sys.stderr)
+            return 1
         return 0
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         args.work = args.work or scratch
