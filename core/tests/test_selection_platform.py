@@ -5,7 +5,7 @@ from importlib.metadata import EntryPoint
 
 import pytest
 from tokenmill.discovery import PluginRegistry, PluginStatus, SelectionError, select_platform
-from tokenmill.plugin_api import DeviceInfo, Platform, PlatformCapabilities, ProbeResult
+from tokenmill.plugin_api import PLUGIN_API_VERSION, DeviceInfo, Platform, PlatformCapabilities, ProbeResult
 
 
 def fake_platform(name, device_type, score, *, reasons=None, devices=(), raises=None, priority=0,
@@ -175,7 +175,8 @@ def test_api_major_mismatch_is_refused_with_one_clear_line():
     reg = registry(future, CPU)
     record = reg.find("platform", "cuda")[0]
     assert record.status is PluginStatus.INCOMPATIBLE and record.probe is None  # never probed
-    line = ("platform plugin 'cuda' (in-memory-test) was built for plugin API 2.0, but this tokenmill provides 1.0: "
+    core = ".".join(map(str, PLUGIN_API_VERSION))
+    line = (f"platform plugin 'cuda' (in-memory-test) was built for plugin API 2.0, but this tokenmill provides {core}: "
             "install a release of in-memory-test built for plugin API 1.x")
     assert record.reasons == (line,)
     with pytest.raises(SelectionError) as error:
@@ -187,7 +188,8 @@ def test_api_major_mismatch_is_refused_with_one_clear_line():
 def test_plugin_needing_a_newer_minor_is_refused():
     record = registry(fake_platform("cuda", "cuda", 100, api_version=(1, 7))).find("platform", "cuda")[0]
     assert record.status is PluginStatus.INCOMPATIBLE
-    assert "needs plugin API 1.7, but this tokenmill provides 1.0: upgrade tokenmill" in record.reason
+    core = ".".join(map(str, PLUGIN_API_VERSION))
+    assert f"needs plugin API 1.7, but this tokenmill provides {core}: upgrade tokenmill" in record.reason
 
 
 def test_allow_list_keeps_only_named_plugins_and_core():
