@@ -184,6 +184,14 @@ class Platform(ABC):
         every kernel a quantizer offers is tried in the quantizer's own order)."""
         return ()
 
+    def create_graph(self) -> Any:
+        """A new, empty decode graph for this device: an object with ``capture(fn)`` that records one
+        call of ``fn`` and ``replay()`` that re-runs it (see ``tokenmill.runner.graph_runner``).
+        Optional: only platforms whose ``capabilities.graph_capture`` is true implement it; the
+        default raises NotImplementedError. Called in the engine process while the engine starts,
+        once per captured batch size."""
+        raise NotImplementedError(f"platform {self.name} does not record graphs")
+
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults this platform wants for fields the user left unset. Optional (default {}).
 

@@ -1,6 +1,6 @@
 """The version of the plugin contract, separate from tokenmill's own release version."""
 
-PLUGIN_API_VERSION: tuple[int, int] = (1, 1)  # 1.1: optional Quantizer.quantize_checkpoint
+PLUGIN_API_VERSION: tuple[int, int] = (1, 1)  # 1.1: optional Quantizer.quantize_checkpoint, Platform.create_graph, AttentionCapabilities.graph_capture
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:

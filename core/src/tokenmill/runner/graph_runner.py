@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from tokenmill.layers.context import AttentionContext
-from tokenmill.plugin_api import AttentionBackend, AttentionBatch
+from tokenmill.plugin_api import AttentionBackend, AttentionBatch, Platform
 from tokenmill.runner.step_inputs import StepInputs
 
 logger = logging.getLogger("tokenmill")
@@ -224,7 +224,6 @@ def decode_graph_factory(platform: Any, backend: type[AttentionBackend] | Attent
         return None, f"platform {platform.name} cannot capture graphs"
     if not backend.capabilities.graph_capture:
         return None, f"attention backend {backend.name} does not support graph capture"
-    create = getattr(platform, "create_graph", None)
-    if create is None:
+    if getattr(type(platform), "create_graph", None) in (None, Platform.create_graph):
         return None, f"platform {platform.name} declares graph capture but offers no create_graph()"
-    return create, f"captured per batch size on {platform.name} with attention backend {backend.name}"
+    return platform.create_graph, f"captured per batch size on {platform.name} with attention backend {backend.name}"
