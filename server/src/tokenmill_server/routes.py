@@ -1,5 +1,6 @@
-"""The HTTP routes: OpenAI (/v1/models, /v1/completions, /v1/chat/completions), Anthropic
-(/v1/messages, /v1/messages/count_tokens), and /tokenize, /detokenize, /health, /version, /metrics."""
+"""The HTTP routes: OpenAI (/v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings),
+Anthropic (/v1/messages, /v1/messages/count_tokens), and /tokenize, /detokenize, /health, /version,
+/metrics. An embedding model (encoder-only) answers the generation routes with a 400."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from tokenmill_server.generation import check_text, engine_errors
 from tokenmill_server.protocol.anthropic import CountTokensRequest, MessagesRequest
 from tokenmill_server.protocol.chat import ChatCompletionRequest
 from tokenmill_server.protocol.completion import CompletionRequest
+from tokenmill_server.protocol.embedding import EmbeddingRequest
 from tokenmill_server.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from tokenmill_server.sampling import check_model
 from tokenmill_server.serving_chat import create_chat_completion
 from tokenmill_server.serving_completions import create_completion
+from tokenmill_server.serving_embeddings import create_embedding
 from tokenmill_server.serving_messages import count_tokens, create_message
 from tokenmill_server.state import server_state
 
@@ -75,16 +78,25 @@ async def metrics(request: Request) -> Response:
 
 @router.post("/v1/completions", responses={**_STREAMING, **_ERRORS})
 async def completions(body: CompletionRequest, request: Request) -> Response:
+    server_state(request).check_can_generate()
     return await create_completion(body, request)
 
 
 @router.post("/v1/chat/completions", responses={**_STREAMING, **_ERRORS})
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    server_state(request).check_can_generate()
     return await create_chat_completion(body, request)
+
+
+@router.post("/v1/embeddings", responses=_ERRORS)
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    """Pooled embeddings of text or token ids, as floats or base64 float32."""
+    return await create_embedding(body, request)
 
 
 @router.post("/v1/messages", responses={**_STREAMING, **_ERRORS})
 async def messages(body: MessagesRequest, request: Request) -> Response:
+    server_state(request).check_can_generate()
     return await create_message(body, request)
 
 

@@ -36,6 +36,7 @@ class RequestLimits:
     max_logit_bias: int = 1024
     max_bad_words: int = 256
     max_prompts: int = 64
+    max_embedding_inputs: int = 2048
     max_tools: int = 128
     trust_request_chat_template: bool = False
 

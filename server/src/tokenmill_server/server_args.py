@@ -29,6 +29,7 @@ class ServerSettings:
     max_stop_length: int = 1024
     max_logit_bias: int = 1024
     max_prompts: int = 64
+    max_embedding_inputs: int = 2048
     max_tools: int = 128
     max_waiting_requests: int | None = 1024
     trust_request_chat_template: bool = False
@@ -41,7 +42,8 @@ class ServerSettings:
     def request_limits(self) -> RequestLimits:
         return RequestLimits(max_n=self.max_n, max_stop_sequences=self.max_stop_sequences,
                              max_stop_length=self.max_stop_length, max_logit_bias=self.max_logit_bias,
-                             max_prompts=self.max_prompts, max_tools=self.max_tools,
+                             max_prompts=self.max_prompts, max_embedding_inputs=self.max_embedding_inputs,
+                             max_tools=self.max_tools,
                              trust_request_chat_template=self.trust_request_chat_template)
 
 
@@ -69,6 +71,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-logit-bias", type=int, default=1024, help="most logit_bias entries (default: 1024)")
     group.add_argument("--max-prompts-per-request", type=int, default=64,
                        help="most prompts in one completions request (default: 64)")
+    group.add_argument("--max-embedding-inputs", type=int, default=2048,
+                       help="most inputs in one /v1/embeddings request (default: 2048, as OpenAI)")
     group.add_argument("--max-tools", type=int, default=128, help="most tools in one request (default: 128)")
     group.add_argument("--max-waiting-requests", type=int, default=1024,
                        help="sequences allowed to wait beyond --max-num-seqs before new requests get 503 "
@@ -94,6 +98,7 @@ def settings_from(namespace: argparse.Namespace) -> ServerSettings:
         max_body_bytes=parse_size(namespace.max_body_size), max_n=namespace.max_n,
         max_stop_sequences=namespace.max_stop_sequences, max_stop_length=namespace.max_stop_length,
         max_logit_bias=namespace.max_logit_bias, max_prompts=namespace.max_prompts_per_request,
+        max_embedding_inputs=namespace.max_embedding_inputs,
         max_tools=namespace.max_tools, max_waiting_requests=None if waiting is not None and waiting < 0 else waiting,
         trust_request_chat_template=namespace.trust_request_chat_template,
         shutdown_timeout=namespace.shutdown_timeout, keep_alive_on_engine_death=namespace.keep_alive_on_engine_death,

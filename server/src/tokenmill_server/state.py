@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 
 from tokenmill.engine.async_llm import AsyncLLM
-from tokenmill_server.errors import ApiError, unavailable
+from tokenmill_server.errors import ApiError, bad_request, unavailable
 from tokenmill_server.metrics import ServerMetrics
 from tokenmill_server.sampling import ModelLimits, RequestLimits
 
@@ -39,6 +39,12 @@ class ServerState:
             raise unavailable("The server is shutting down; retry on another instance.")
         if self.engine.is_dead:
             raise unavailable("The engine is not running.")
+
+    def check_can_generate(self) -> None:
+        """400 on the generation routes when the model is an encoder-only embedding model."""
+        if not self.engine.ready.can_generate:
+            raise bad_request(f"The model `{self.model.name}` is an embedding model; it cannot generate. Use "
+                              f"/v1/embeddings.", "model")
 
     @property
     def healthy(self) -> bool:

@@ -1,9 +1,10 @@
 """AsyncLLM: the asyncio front end of the server — an InputProcessor and an OutputProcessor in this
 process, the EngineCore in its own process behind an EngineCoreClient (LLMEngine's structure, async).
 
-One task reads the engine's outputs and routes RequestOutputs to per-request queues, so the event
-loop never waits on the model. Tokenization and chat templates run on one worker thread. When the
-engine dies every waiting request fails with EngineDeadError instead of hanging.
+One task reads the engine's outputs and routes RequestOutputs to per-request queues (and finished
+embeddings to their futures), so the event loop never waits on the model. Tokenization and chat
+templates run on one worker thread. When the engine dies every waiting request fails with
+EngineDeadError instead of hanging.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from typing import Any
 
 from tokenmill.config import EngineArgs, ModelConfig
 from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
-from tokenmill.engine.core_process import EngineCoreFailure, EngineCoreReady
+from tokenmill.engine.core_process import (
+    CANNOT_GENERATE,
+    EngineCoreEmbeddings,
+    EngineCoreEmbedRequest,
+    EngineCoreFailure,
+    EngineCoreReady,
+)
+from tokenmill.engine.embedding_inputs import embedding_prompts
 from tokenmill.engine.input_processor import InputProcessor
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.output_processor import OutputProcessor
@@ -29,8 +37,10 @@ from tokenmill.tokenizer import TokenizerLoadError, bad_words_token_ids, load_to
 
 logger = logging.getLogger("tokenmill")
 
-__all__ = ["AsyncLLM", "EngineDeadError", "FinishedRequestStats", "IterationStats", "QueueFullError",
+__all__ = ["AsyncLLM", "Embeddings", "EngineDeadError", "FinishedRequestStats", "IterationStats", "QueueFullError",
            "RequestAbortedError", "RequestRejectedError"]
+
+DEFAULT_MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per /v1/embeddings request
 
 
 class QueueFullError(RuntimeError):
@@ -72,6 +82,14 @@ class IterationStats:
 
 
 StatsListener = Callable[[IterationStats], None]
+
+
+@dataclass
+class Embeddings:
+    """What ``AsyncLLM.embed`` returns: float32 ``vectors`` [inputs, dim] and the inputs' token counts."""
+
+    vectors: Any  # numpy.ndarray
+    num_prompt_tokens: list[int]
 
 
 class _Tracked:
@@ -127,6 +145,7 @@ class AsyncLLM:
         self.dead_error: EngineDeadError | None = None
         self.last_scheduler_stats: SchedulerStats | None = None
         self._requests: dict[str, _Tracked] = {}
+        self._embeddings: dict[str, asyncio.Future[EngineCoreEmbeddings]] = {}
         self._parents: dict[str, str] = {}  # engine-core id -> user request id
         self._num_sequences = 0
         self._listeners: list[StatsListener] = []
@@ -185,7 +204,7 @@ class AsyncLLM:
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self._requests)
+        return len(self._requests) + len(self._embeddings)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     prompt_text: str | None = None, priority: int = 0,
@@ -224,6 +243,8 @@ class AsyncLLM:
              priority: int, cache_salt: str | None) -> _Tracked:
         if self.dead_error is not None:
             raise self.dead_error
+        if not self.ready.can_generate:
+            raise ValueError(CANNOT_GENERATE)
         params = self.inputs.validate(prompt_token_ids, params)
         if params.bad_words and params.bad_words_token_ids is None:
             params = params.clone(bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
@@ -254,6 +275,37 @@ class AsyncLLM:
             raise QueueFullError(f"The server is at capacity ({self._num_sequences} sequences running or waiting, "
                                  f"at most {capacity}); retry later.")
 
+    async def embed(self, request_id: str, inputs: str | Sequence[Any], *,
+                    max_inputs: int = DEFAULT_MAX_EMBEDDING_INPUTS) -> Embeddings:
+        """Pooled embeddings of OpenAI-style ``inputs`` (a string, strings, token ids, lists of token ids).
+
+        Raises ValueError (empty, too many inputs, too long for max_model_len, out of vocabulary),
+        QueueFullError or EngineDeadError before anything is sent; RequestRejectedError when the
+        engine refuses them. Cancelling the call drops the request from the engine's queue.
+        """
+        if self.dead_error is not None:
+            raise self.dead_error
+        if self.max_waiting_requests is not None and len(self._embeddings) >= self.max_waiting_requests:
+            raise QueueFullError(f"The server is at capacity ({len(self._embeddings)} embedding requests waiting); "
+                                 f"retry later.")
+        prompts = await self.run_tokenizer(embedding_prompts, self.inputs, self.model_config, inputs, max_inputs)
+        if self.dead_error is not None:
+            raise self.dead_error
+        arrival = time.time()
+        future: asyncio.Future[EngineCoreEmbeddings] = asyncio.get_running_loop().create_future()
+        self._embeddings[request_id] = future
+        try:
+            self.client.embed(EngineCoreEmbedRequest(request_id, prompts))
+            result = await future
+        finally:
+            if self._embeddings.pop(request_id, None) is not None and self.client.is_alive:
+                self.client.abort_requests([request_id])  # cancelled while the engine had it
+        counts = [len(p) for p in prompts]
+        now = time.time()
+        self._emit(IterationStats(now, num_prompt_tokens=sum(counts), finished=[
+            FinishedRequestStats("stop", now - arrival, sum(counts), 0)]))
+        return Embeddings(result.vectors(), counts)
+
     def abort(self, request_id: str) -> None:
         """Stop a request (all its sequences); the engine frees its cache blocks at its next step."""
         tracked = self._forget(request_id)
@@ -268,12 +320,17 @@ class AsyncLLM:
             "abort", now - tracked.arrival, tracked.num_prompt_tokens, tracked.num_generation_tokens)]))
 
     def abort_all(self, message: str) -> int:
-        """Abort every request; each waiting generate() raises RequestAbortedError(message)."""
+        """Abort every request; each waiting generate() or embed() raises RequestAbortedError(message)."""
         tracked = list(self._requests.values())
         for request in tracked:
             request.queue.put_nowait(RequestAbortedError(message))
             self.abort(request.request_id)
-        return len(tracked)
+        embeddings = list(self._embeddings)
+        for request_id in embeddings:
+            self._settle(request_id, RequestAbortedError(message))
+        if embeddings and self.client.is_alive:
+            self.client.abort_requests(embeddings)
+        return len(tracked) + len(embeddings)
 
     def _forget(self, request_id: str) -> _Tracked | None:
         tracked = self._requests.pop(request_id, None)
@@ -291,6 +348,8 @@ class AsyncLLM:
                 message = await self.client.get_output()
                 if isinstance(message, EngineCoreFailure):
                     self._reject(message)
+                elif isinstance(message, EngineCoreEmbeddings):
+                    self._settle(message.request_id, message)
                 else:
                     self._process(message)
         except EngineDeadError as error:
@@ -301,7 +360,20 @@ class AsyncLLM:
             logger.exception("the engine output loop failed")
             self._die(EngineDeadError(f"the engine output loop failed: {type(error).__name__}"))
 
+    def _settle(self, request_id: str, result: EngineCoreEmbeddings | BaseException) -> None:
+        """Resolve a waiting embed() with its embeddings or an error (once; late replies are dropped)."""
+        future = self._embeddings.pop(request_id, None)
+        if future is None or future.done():
+            return
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
     def _reject(self, failure: EngineCoreFailure) -> None:
+        if failure.request_id in self._embeddings:
+            self._settle(failure.request_id, RequestRejectedError(failure.message))
+            return
         request_id = self._parents.get(failure.request_id or "")
         if request_id is None:
             return
@@ -355,6 +427,8 @@ class AsyncLLM:
         for tracked in list(self._requests.values()):
             self._forget(tracked.request_id)
             tracked.queue.put_nowait(error)
+        for request_id in list(self._embeddings):
+            self._settle(request_id, error)
         for callback in self._death_callbacks:
             callback(error)
 

@@ -40,13 +40,15 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
     logger.info("loaded %s (%s, %s) in %.1f s; linear kernels: %s", config.model.architecture, config.model.dtype,
                 config.model.quantization, time.perf_counter() - started, build.kernel_summary())
 
-    num_blocks = _profiled_num_blocks(config, model, backend) if config.gpu_memory_utilization else \
-        config.cache.num_blocks
+    encoder = getattr(model, "is_encoder", False)  # embeds whole sequences: no KV cache, no decode steps
+    num_blocks = _profiled_num_blocks(config, model, backend) if config.gpu_memory_utilization and not encoder \
+        else config.cache.num_blocks
     runner = ModelRunner(model, backend, num_blocks=num_blocks, block_size=config.cache.block_size,
                          max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
                          max_model_len=config.model.max_model_len, vocab_size=config.model.vocab_size,
                          device=platform.torch_device())
-    _attach_decode_graphs(config, runner)
+    if not encoder:
+        _attach_decode_graphs(config, runner)
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=config.model.max_model_len, block_size=config.cache.block_size,

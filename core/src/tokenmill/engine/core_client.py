@@ -24,7 +24,12 @@ import zmq.asyncio
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine import core_process as wire
-from tokenmill.engine.core_process import EngineCoreFailure, EngineCoreReady
+from tokenmill.engine.core_process import (
+    EngineCoreEmbeddings,
+    EngineCoreEmbedRequest,
+    EngineCoreFailure,
+    EngineCoreReady,
+)
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger("tokenmill")
@@ -83,13 +88,16 @@ class EngineCoreClient:
         self.ready = wire.ready_decoder.decode(payload)
         return self.ready
 
-    async def get_output(self) -> EngineCoreOutputs | EngineCoreFailure:
-        """The next step's outputs, or a refused request (EngineCoreFailure with its request id).
-        Raises EngineDeadError when the engine reports a fatal error or its process is gone."""
+    async def get_output(self) -> EngineCoreOutputs | EngineCoreEmbeddings | EngineCoreFailure:
+        """The next step's outputs, a finished embedding request, or a refused request
+        (EngineCoreFailure with its request id). Raises EngineDeadError when the engine reports a
+        fatal error or its process is gone."""
         while True:
             kind, payload = await self._receive()
             if kind == wire.OUTPUTS:
                 return wire.outputs_decoder.decode(payload)
+            if kind == wire.EMBEDDINGS:
+                return wire.embeddings_decoder.decode(payload)
             if kind == wire.REJECTED:
                 return wire.failure_decoder.decode(payload)
             if kind == wire.DEAD:
@@ -109,6 +117,10 @@ class EngineCoreClient:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(wire.ADD, request)
+
+    def embed(self, request: EngineCoreEmbedRequest) -> None:
+        """Queue prompts to embed; the reply is an EngineCoreEmbeddings (or a refusal) from ``get_output``."""
+        self._send(wire.EMBED, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:

@@ -4,11 +4,15 @@ Started by ``EngineCoreClient`` as ``python -m tokenmill.engine.core_process`` (
 interpreter, never multiprocessing: nothing is pickled). The parent writes the EngineArgs as JSON
 to stdin; every later message is a multipart ZMQ frame ``[kind, msgpack payload]``:
 
-- parent -> engine (PULL socket): ADD (EngineCoreRequest), ABORT / FINISH (list of request ids),
-  SHUTDOWN;
+- parent -> engine (PULL socket): ADD (EngineCoreRequest), EMBED (EngineCoreEmbedRequest),
+  ABORT / FINISH (list of request ids), SHUTDOWN;
 - engine -> parent (PUSH socket): READY (EngineCoreReady, once the model is loaded), OUTPUTS
-  (EngineCoreOutputs, one per step), REJECTED (EngineCoreFailure for a request the core refused),
-  DEAD (EngineCoreFailure, then the process exits).
+  (EngineCoreOutputs, one per step), EMBEDDINGS (EngineCoreEmbeddings), REJECTED
+  (EngineCoreFailure for a request the core refused), DEAD (EngineCoreFailure, then the process exits).
+
+Embedding requests run between engine steps, one forward (``Embedder.plan_batches``) per loop
+turn, so a large one does not stall generation; the Embedder is built on the first one and runs
+on its own transient KV cache, never the scheduler's.
 
 The process dies with its parent: PR_SET_PDEATHSIG on Linux plus a watchdog on the parent's pid.
 """
@@ -23,17 +27,20 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import msgspec
+import numpy as np
 import zmq
 
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger("tokenmill")
 
-ADD, ABORT, FINISH, SHUTDOWN = b"add", b"abort", b"finish", b"shutdown"
-READY, OUTPUTS, REJECTED, DEAD = b"ready", b"outputs", b"rejected", b"dead"
+ADD, EMBED, ABORT, FINISH, SHUTDOWN = b"add", b"embed", b"abort", b"finish", b"shutdown"
+READY, OUTPUTS, EMBEDDINGS, REJECTED, DEAD = b"ready", b"outputs", b"embeddings", b"rejected", b"dead"
+CANNOT_GENERATE = "this model is an embedding model; it cannot generate (use /v1/embeddings)"
 _IDLE_POLL_MS = 1000
 _PR_SET_PDEATHSIG = 1
 
@@ -61,6 +68,35 @@ class EngineCoreReady(msgspec.Struct):
     platform: str
     device: str
     report: str
+    can_generate: bool = True  # False for encoder-only (embedding) models
+    embedding_size: int = 0  # the length of the model's embeddings (its hidden size)
+
+
+class EngineCoreEmbedRequest(msgspec.Struct, array_like=True):
+    """Whole prompts to embed, as token ids the front end has checked (non-empty, in vocabulary,
+    at most max_model_len long)."""
+
+    request_id: str
+    prompts: list[list[int]]
+
+
+class EngineCoreEmbeddings(msgspec.Struct, array_like=True):
+    """The pooled embeddings of one EngineCoreEmbedRequest: float32 little-endian, row-major
+    [num_rows, dim] in prompt order."""
+
+    request_id: str
+    num_rows: int
+    dim: int
+    data: bytes
+
+    @classmethod
+    def from_array(cls, request_id: str, vectors: np.ndarray) -> EngineCoreEmbeddings:
+        rows = np.ascontiguousarray(vectors, dtype="<f4")
+        return cls(request_id, rows.shape[0], rows.shape[1], rows.tobytes())
+
+    def vectors(self) -> np.ndarray:
+        """The embeddings as a float32 array [num_rows, dim]."""
+        return np.frombuffer(self.data, dtype="<f4").reshape(self.num_rows, self.dim)
 
 
 class EngineCoreFailure(msgspec.Struct):
@@ -72,6 +108,8 @@ class EngineCoreFailure(msgspec.Struct):
 
 encoder = msgspec.msgpack.Encoder()
 request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+embed_request_decoder = msgspec.msgpack.Decoder(EngineCoreEmbedRequest)
+embeddings_decoder = msgspec.msgpack.Decoder(EngineCoreEmbeddings)
 ids_decoder = msgspec.msgpack.Decoder(list[str])
 ready_decoder = msgspec.msgpack.Decoder(EngineCoreReady)
 outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
@@ -98,8 +136,19 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def ready_message(config: Any) -> EngineCoreReady:
-    """The READY payload for a resolved EngineConfig."""
+def can_generate(model: Any) -> bool:
+    """False for encoder-only models: they embed whole sequences and have no decoding step."""
+    return not getattr(model, "is_encoder", False)
+
+
+def embedding_size(hf_config: Any) -> int:
+    """The hidden size, which every pooling method keeps (0 when the config does not say)."""
+    text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return int(getattr(text_config, "hidden_size", 0) or 0)
+
+
+def ready_message(config: Any, loaded_model: Any = None) -> EngineCoreReady:
+    """The READY payload for a resolved EngineConfig (and the model loaded from it)."""
     model, platform = config.model, config.selection.platform_instance
     return EngineCoreReady(
         served_model_name=model.served_model_name, model_path=model.path, tokenizer_path=model.tokenizer_path,
@@ -109,26 +158,43 @@ def ready_message(config: Any) -> EngineCoreReady:
         max_logprobs=config.max_logprobs, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, scheduling_policy=config.scheduling_policy,
         num_kv_blocks=config.cache.num_blocks, block_size=config.cache.block_size, platform=platform.name,
-        device=str(platform.torch_device()), report=config.render_report())
+        device=str(platform.torch_device()), report=config.render_report(), can_generate=can_generate(loaded_model),
+        embedding_size=embedding_size(model.hf_config))
+
+
+class _EmbedJob:
+    """An embedding request in progress: its forwards still to run and the rows done so far."""
+
+    def __init__(self, request: EngineCoreEmbedRequest) -> None:
+        self.request = request
+        self.batches: deque[list[int]] | None = None  # planned by the Embedder on the first turn
+        self.rows: np.ndarray | None = None
 
 
 class EngineCoreProc:
-    """The busy loop: take every queued message, run one step while there is work, send the outputs."""
+    """The busy loop: take every queued message, run one step while there is work (and one
+    embedding forward while embeddings wait), send the outputs."""
 
-    def __init__(self, core: Any, requests: zmq.Socket, outputs: zmq.Socket) -> None:
+    def __init__(self, core: Any, config: Any, requests: zmq.Socket, outputs: zmq.Socket) -> None:
         self.core = core
+        self.config = config
         self.requests = requests
         self.outputs = outputs
         self._poller = zmq.Poller()
         self._poller.register(requests, zmq.POLLIN)
         self._running = True
         self._last_counters: tuple | None = None
+        self._can_generate = can_generate(core.runner.model)
+        self._embeds: deque[_EmbedJob] = deque()
+        self._embedder: Any = None
 
     def run(self) -> None:
         while self._running:
-            busy = self.core.has_unfinished_requests()
+            busy = self.core.has_unfinished_requests() or bool(self._embeds)
             if self._poller.poll(0 if busy else _IDLE_POLL_MS):
                 self._drain_requests()
+            if self._running and self._embeds:
+                self._embed_next()
             if self._running and self.core.has_unfinished_requests():
                 self._send_step(self.core.step())
 
@@ -144,17 +210,55 @@ class EngineCoreProc:
         if kind == ADD:
             request = request_decoder.decode(payload)
             try:
+                if not self._can_generate:
+                    raise ValueError(CANNOT_GENERATE)
                 self.core.add_request(request)
             except ValueError as error:
-                self.outputs.send_multipart([REJECTED, encoder.encode(EngineCoreFailure(str(error), request.request_id))])
+                self._reject(request.request_id, str(error))
+        elif kind == EMBED:
+            self._embeds.append(_EmbedJob(embed_request_decoder.decode(payload)))
         elif kind == ABORT:
-            self.core.abort_requests(ids_decoder.decode(payload))
+            request_ids = ids_decoder.decode(payload)
+            self.core.abort_requests(request_ids)
+            dropped = set(request_ids)
+            self._embeds = deque(job for job in self._embeds if job.request.request_id not in dropped)
         elif kind == FINISH:
             self.core.finish_requests(ids_decoder.decode(payload), stop_reason=None)
         elif kind == SHUTDOWN:
             self._running = False
         else:
             logger.warning("engine core: ignored a message of unknown kind %r", kind[:32])
+
+    def _reject(self, request_id: str, message: str) -> None:
+        self.outputs.send_multipart([REJECTED, encoder.encode(EngineCoreFailure(message, request_id))])
+
+    def _embed_next(self) -> None:
+        """Run the next forward of the oldest embedding request; reply once its last one ran.
+        A ValueError (a prompt or pooling the model cannot embed) refuses that request only."""
+        job = self._embeds[0]
+        prompts = job.request.prompts
+        try:
+            if self._embedder is None:
+                from tokenmill.engine.embedding import Embedder
+
+                self._embedder = Embedder.for_core(self.core, self.config)
+            if job.batches is None:
+                job.batches = deque(self._embedder.plan_batches(prompts))
+            if job.batches:
+                batch = job.batches.popleft()
+                vectors = self._embedder.embed_batch([prompts[i] for i in batch]).cpu().numpy()
+                if job.rows is None:
+                    job.rows = np.empty((len(prompts), vectors.shape[1]), dtype="<f4")
+                job.rows[batch] = vectors
+        except ValueError as error:
+            self._embeds.popleft()
+            self._reject(job.request.request_id, str(error))
+            return
+        if not job.batches:
+            self._embeds.popleft()
+            rows = job.rows if job.rows is not None else np.empty((0, 0), dtype="<f4")
+            self.outputs.send_multipart([EMBEDDINGS, encoder.encode(EngineCoreEmbeddings.from_array(
+                job.request.request_id, rows))])
 
     def _send_step(self, step: EngineCoreOutputs) -> None:
         counters = (step.num_running, step.num_waiting, step.kv_cache_usage, step.prefix_cache_queries,
@@ -194,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve_config(EngineArgs.from_kwargs(**json.loads(sys.stdin.read())))
         logger.info("engine configuration:\n%s", config.render_report())
         core = build_engine_core(config)
-        outputs.send_multipart([READY, encoder.encode(ready_message(config))])
-        EngineCoreProc(core, requests, outputs).run()
+        outputs.send_multipart([READY, encoder.encode(ready_message(config, core.runner.model))])
+        EngineCoreProc(core, config, requests, outputs).run()
         return 0
     except Exception as error:  # reported to the front end, which turns it into 503s and an exit
         logger.exception("engine core failed")

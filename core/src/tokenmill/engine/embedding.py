@@ -9,23 +9,31 @@ engine's KV cache or scheduler:
   backend, on a transient KV cache sized for the batch and dropped after it.
 
 Hidden states are then pooled (``tokenmill.layers.pooling``). ``embed_for_api`` shapes the result
-as OpenAI's /v1/embeddings response (floats or base64 float32).
+as OpenAI's /v1/embeddings response (floats or base64 float32, ``embedding_inputs``). The server
+runs the same Embedder inside the engine-core process (``core_process``), between steps.
 """
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from tokenmill.engine.embedding_inputs import (
+    checked_embedding_ids,
+    embedding_prompts,
+    embedding_response,
+    encode_embedding,
+)
 from tokenmill.layers.context import AttentionContext
 from tokenmill.layers.pooling import PoolingConfig, pool
 from tokenmill.plugin_api import AttentionBackend, AttentionBatch
+
+__all__ = ["DEFAULT_DECODER_POOLING", "Embedder", "EmbeddingOutput", "EmbeddingRequestOutput", "embed_for_api",
+           "encode_embedding", "fresh_prefill_batch", "tokenize_for_embedding"]
 
 DEFAULT_DECODER_POOLING = PoolingConfig(method="last", normalize=True)
 
@@ -85,15 +93,22 @@ class Embedder:
     def for_engine(cls, engine: Any, pooling: PoolingConfig | None = None) -> Embedder:
         """An embedder over an in-process LLMEngine's model; ``pooling`` None means the model
         directory's sentence-transformers pooling, else the model kind's default."""
-        runner = engine.core.runner
+        return cls.for_core(engine.core, engine.config, pooling)
+
+    @classmethod
+    def for_core(cls, core: Any, config: Any, pooling: PoolingConfig | None = None) -> Embedder:
+        """An embedder over an EngineCore's loaded model (``config``: its resolved EngineConfig)."""
+        runner = core.runner
         model = runner.model
         if pooling is None:
             default = getattr(model, "default_pooling", DEFAULT_DECODER_POOLING)
-            pooling = PoolingConfig.from_model_dir(engine.config.model.path, default)
-        return cls(model, runner.backend, runner.device, pooling, max_batch_tokens=engine.config.max_num_batched_tokens,
-                   block_size=engine.config.cache.block_size)
+            pooling = PoolingConfig.from_model_dir(config.model.path, default)
+        return cls(model, runner.backend, runner.device, pooling, max_batch_tokens=config.max_num_batched_tokens,
+                   block_size=config.cache.block_size)
 
-    def _batches(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    def plan_batches(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Prompt indices grouped into forwards of at most ``max_batch_tokens`` tokens (a longer
+        prompt runs alone), in order."""
         batches, current, tokens = [], [], 0
         for index, prompt in enumerate(prompts):
             if current and tokens + len(prompt) > self.max_batch_tokens:
@@ -118,73 +133,38 @@ class Embedder:
         return self.model(input_ids, positions, ctx)
 
     @torch.inference_mode()
+    def embed_batch(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Float32 embeddings [len(prompts), hidden] of one forward's prompts (see ``plan_batches``)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot embed an empty prompt")
+        return pool(self._hidden(list(prompts)), [len(p) for p in prompts], self.pooling)
+
     def embed(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Float32 embeddings [len(prompts), hidden] of token-id prompts, in order."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot embed an empty prompt")
         rows: list[torch.Tensor | None] = [None] * len(prompts)
-        for batch in self._batches(prompts):
-            chosen = [prompts[i] for i in batch]
-            pooled = pool(self._hidden(chosen), [len(p) for p in chosen], self.pooling)
-            for index, row in zip(batch, pooled, strict=True):
+        for batch in self.plan_batches(prompts):
+            for index, row in zip(batch, self.embed_batch([prompts[i] for i in batch]), strict=True):
                 rows[index] = row
         return torch.stack(rows) if rows else torch.empty(0)
 
 
-def encode_embedding(vector: Sequence[float] | torch.Tensor, encoding_format: str) -> list[float] | str:
-    """OpenAI's encodings: "float" (a list) or "base64" (little-endian float32 bytes)."""
-    if encoding_format == "float":
-        return [float(x) for x in vector]
-    if encoding_format == "base64":
-        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    raise ValueError(f"encoding_format must be 'float' or 'base64', not {encoding_format!r}")
-
-
-def _as_inputs(inputs: str | Sequence[Any]) -> list[str | list[int]]:
-    """OpenAI's ``input``: a string, a list of strings, a token array, or a list of token arrays."""
-    if isinstance(inputs, str):
-        return [inputs]
-    inputs = list(inputs)
-    if not inputs:
-        raise ValueError("input must not be empty")
-    if all(isinstance(x, int) for x in inputs):
-        return [inputs]
-    if not all(isinstance(x, str) or (isinstance(x, list) and all(isinstance(t, int) for t in x)) for x in inputs):
-        raise ValueError("input must be a string, a list of strings, a list of token ids, or a list of such lists")
-    return inputs
-
-
 def embed_for_api(llm_or_engine: Any, inputs: str | Sequence[Any], encoding_format: str = "float",
                   model_name: str | None = None) -> dict[str, Any]:
-    """The OpenAI /v1/embeddings response body for ``inputs`` on an ``LLM`` or in-process
-    ``LLMEngine``: ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
-    "model", "usage": {"prompt_tokens", "total_tokens"}}``. Raises ValueError for bad input
-    (empty, too long, wrong types, unknown encoding) — a 400 for the server."""
+    """The OpenAI /v1/embeddings response body (``embedding_response``) for ``inputs`` on an ``LLM``
+    or in-process ``LLMEngine``. Raises ValueError for bad input (empty, too long, wrong types,
+    unknown encoding) — a 400 for the server."""
     engine = getattr(llm_or_engine, "engine", llm_or_engine)
     if encoding_format not in ("float", "base64"):
         raise ValueError(f"encoding_format must be 'float' or 'base64', not {encoding_format!r}")
-    token_ids = [tokenize_for_embedding(engine, prompt) for prompt in _as_inputs(inputs)]
-    vectors = Embedder.for_engine(engine).embed(token_ids)
-    prompt_tokens = sum(len(t) for t in token_ids)
-    return {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": encode_embedding(v.tolist(), encoding_format)}
-                 for i, v in enumerate(vectors)],
-        "model": model_name or engine.config.model.served_model_name,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+    token_ids = embedding_prompts(engine.inputs, engine.config.model, inputs)
+    vectors = Embedder.for_engine(engine).embed(token_ids).cpu().numpy()
+    return embedding_response(vectors, sum(len(t) for t in token_ids), encoding_format,
+                              model_name or engine.config.model.served_model_name)
 
 
 def tokenize_for_embedding(engine: Any, prompt: Any) -> list[int]:
     """Token ids of one prompt, checked against the vocabulary and ``max_model_len`` (an
     embedding may use the whole context: nothing is generated after it)."""
-    _, ids = engine.inputs.tokenize(prompt)
-    if not ids:
-        raise ValueError("cannot embed an empty prompt")
-    limit, vocab = engine.config.model.max_model_len, engine.config.model.vocab_size
-    if len(ids) > limit:
-        raise ValueError(f"the prompt is {len(ids)} tokens long, but this model embeds at most {limit} tokens")
-    bad = next((t for t in ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise ValueError(f"token id {bad} is out of vocabulary (the vocabulary has {vocab} tokens)")
-    return ids
+    return checked_embedding_ids(engine.inputs, engine.config.model, prompt)
