@@ -101,9 +101,11 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
     except EngineDeadError as error:
         logger.error("%s", error)
         return 1
-    logger.info("engine ready in %.1f s (%s on %s, %d KV blocks of %d tokens, max_model_len %d)",
-                time.monotonic() - started, engine.ready.served_model_name, engine.ready.device,
-                engine.ready.num_kv_blocks, engine.ready.block_size, engine.ready.max_model_len)
+    ready = engine.ready
+    cache = f"{ready.num_kv_blocks} KV blocks of {ready.block_size} tokens" if ready.can_generate else \
+        "an embedding model: /v1/embeddings only"
+    logger.info("engine ready in %.1f s (%s on %s, %s, max_model_len %d)", time.monotonic() - started,
+                ready.served_model_name, ready.device, cache, ready.max_model_len)
     grpc = None
     log_task = None
     try:
