@@ -14,26 +14,31 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from tokenmill.config import EngineArgs, ModelConfig
+from tokenmill.config import EngineArgs
 from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
 from tokenmill.engine.core_process import (
     CANNOT_GENERATE,
     EngineCoreEmbeddings,
     EngineCoreEmbedRequest,
     EngineCoreFailure,
-    EngineCoreReady,
 )
 from tokenmill.engine.embedding_inputs import embedding_prompts
+from tokenmill.engine.frontend_model import (
+    front_end_model_config,
+    load_tokenizer_or_none,
+    tokenizer_from_resolved_config,
+)
+from tokenmill.engine.frontend_stats import FinishedRequestStats, IterationStats, StatsListener
 from tokenmill.engine.input_processor import InputProcessor
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.engine.request_outcomes import Embeddings, QueueFullError, RequestAbortedError, RequestRejectedError
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.stats import SchedulerStats
-from tokenmill.tokenizer import TokenizerLoadError, bad_words_token_ids, load_tokenizer
+from tokenmill.tokenizer import bad_words_token_ids
 
 logger = logging.getLogger("tokenmill")
 
@@ -41,55 +46,6 @@ __all__ = ["AsyncLLM", "Embeddings", "EngineDeadError", "FinishedRequestStats", 
            "RequestAbortedError", "RequestRejectedError"]
 
 DEFAULT_MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per /v1/embeddings request
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is full: try again later."""
-
-
-class RequestRejectedError(ValueError):
-    """The engine core refused the request (e.g. it can never fit in the KV cache)."""
-
-
-class RequestAbortedError(RuntimeError):
-    """The server aborted the request (e.g. it is shutting down)."""
-
-
-@dataclass
-class FinishedRequestStats:
-    """One user request that ended (finished, stopped, or aborted)."""
-
-    finish_reason: str
-    e2e_latency: float
-    num_prompt_tokens: int
-    num_generation_tokens: int
-
-
-@dataclass
-class IterationStats:
-    """What changed in one engine step (or one abort), for metrics and the periodic log line.
-
-    ``scheduler`` holds the engine's gauges and running totals; it is None for front-end-only events.
-    """
-
-    timestamp: float
-    scheduler: SchedulerStats | None = None
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
-    time_to_first_token: list[float] = field(default_factory=list)
-    inter_token_latency: list[float] = field(default_factory=list)
-    finished: list[FinishedRequestStats] = field(default_factory=list)
-
-
-StatsListener = Callable[[IterationStats], None]
-
-
-@dataclass
-class Embeddings:
-    """What ``AsyncLLM.embed`` returns: float32 ``vectors`` [inputs, dim] and the inputs' token counts."""
-
-    vectors: Any  # numpy.ndarray
-    num_prompt_tokens: list[int]
 
 
 class _Tracked:
@@ -104,30 +60,6 @@ class _Tracked:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_generation_tokens = 0
-
-
-def front_end_model_config(ready: EngineCoreReady) -> ModelConfig:
-    """The ModelConfig as the front end sees it: limits and defaults, no HF config (it stays in the engine)."""
-    return ModelConfig(
-        path=ready.model_path, tokenizer_path=ready.tokenizer_path, architecture=ready.architecture, hf_config=None,
-        dtype=ready.dtype, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size,
-        eos_token_ids=tuple(ready.eos_token_ids), generation_defaults=dict(ready.generation_defaults),
-        served_model_name=ready.served_model_name, quantization=ready.quantization, chat_template=ready.chat_template)
-
-
-def _load_tokenizer_or_none(args: EngineArgs) -> Any | None:
-    try:
-        return load_tokenizer(args.tokenizer or args.model)
-    except TokenizerLoadError:
-        return None
-
-
-def _tokenizer_from_resolved_config(args: EngineArgs) -> Any:
-    """The tokenizer a quantization format supplies from its checkpoint (needs the full resolution)."""
-    from tokenmill.engine.config_resolver import resolve_config
-    from tokenmill.engine.llm_engine import load_model_tokenizer
-
-    return load_model_tokenizer(resolve_config(args))
 
 
 class AsyncLLM:
@@ -158,12 +90,12 @@ class AsyncLLM:
                                ready_timeout: float | None = None) -> AsyncLLM:
         """Start the engine process and load the tokenizer meanwhile; return once both are ready."""
         client = await EngineCoreClient.start(args)
-        tokenizer_load = asyncio.create_task(asyncio.to_thread(_load_tokenizer_or_none, args))
+        tokenizer_load = asyncio.create_task(asyncio.to_thread(load_tokenizer_or_none, args))
         try:
             await client.wait_ready(ready_timeout)
             tokenizer = await tokenizer_load
             if tokenizer is None:
-                tokenizer = await asyncio.to_thread(_tokenizer_from_resolved_config, args)
+                tokenizer = await asyncio.to_thread(tokenizer_from_resolved_config, args)
         except BaseException:
             tokenizer_load.cancel()
             client.shutdown()
