@@ -147,8 +147,9 @@ def embedding_size(hf_config: Any) -> int:
     return int(getattr(text_config, "hidden_size", 0) or 0)
 
 
-def ready_message(config: Any, loaded_model: Any = None) -> EngineCoreReady:
-    """The READY payload for a resolved EngineConfig (and the model loaded from it)."""
+def ready_message(config: Any, loaded_model: Any = None, num_kv_blocks: int | None = None) -> EngineCoreReady:
+    """The READY payload for a resolved EngineConfig (and the model loaded from it); ``num_kv_blocks``
+    is the cache actually allocated (after GPU memory profiling it differs from the resolver's estimate)."""
     model, platform = config.model, config.selection.platform_instance
     return EngineCoreReady(
         served_model_name=model.served_model_name, model_path=model.path, tokenizer_path=model.tokenizer_path,
@@ -157,7 +158,7 @@ def ready_message(config: Any, loaded_model: Any = None) -> EngineCoreReady:
         generation_defaults=dict(model.generation_defaults), chat_template=model.chat_template,
         max_logprobs=config.max_logprobs, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, scheduling_policy=config.scheduling_policy,
-        num_kv_blocks=config.cache.num_blocks, block_size=config.cache.block_size, platform=platform.name,
+        num_kv_blocks=num_kv_blocks or config.cache.num_blocks, block_size=config.cache.block_size, platform=platform.name,
         device=str(platform.torch_device()), report=config.render_report(), can_generate=can_generate(loaded_model),
         embedding_size=embedding_size(model.hf_config))
 
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve_config(EngineArgs.from_kwargs(**json.loads(sys.stdin.read())))
         logger.info("engine configuration:\n%s", config.render_report())
         core = build_engine_core(config)
-        outputs.send_multipart([READY, encoder.encode(ready_message(config, core.runner.model))])
+        outputs.send_multipart([READY, encoder.encode(ready_message(config, core.runner.model, core.scheduler.config.num_blocks))])
         EngineCoreProc(core, config, requests, outputs).run()
         return 0
     except Exception as error:  # reported to the front end, which turns it into 503s and an exit
