@@ -115,3 +115,37 @@ def reference_logprobs():
 def engine_logprobs():
     """``tokenmill_prompt_logprobs``."""
     return tokenmill_prompt_logprobs
+
+
+def quantized_smollm2(format_name: str, options: list[str]) -> Path:
+    """SmolLM2-135M written by ``tokenmill quantize --format format_name *options``, cached under
+    .cache/test-fixtures by content: the float model's fingerprint, the options, torch's version and
+    the source of tokenmill.quantize and of the format's distribution (a code change re-quantizes)."""
+    import hashlib
+    import importlib.util
+    import shutil
+
+    import smollm2
+
+    from tokenmill.cli.main import main
+
+    source = smollm2.safetensors_dir()
+    packages = [importlib.util.find_spec(name).submodule_search_locations[0]
+                for name in ("tokenmill.quantize", f"tokenmill_quant_{format_name}")]
+    digest = hashlib.sha256(json.dumps([source.name, format_name, options, torch.__version__]).encode())
+    for file in sorted(p for package in packages for p in Path(package).glob("*.py")):
+        digest.update(file.read_bytes())
+    target = smollm2.CACHE / f"smollm2-{format_name}-{digest.hexdigest()[:12]}"
+    if (target / "config.json").is_file():
+        return target
+    partial = target.with_name(target.name + ".tmp")
+    shutil.rmtree(partial, ignore_errors=True)
+    assert main(["quantize", str(source), str(partial), "--format", format_name, *options]) == 0
+    partial.rename(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def quantized_model():
+    """``quantized_smollm2``."""
+    return quantized_smollm2

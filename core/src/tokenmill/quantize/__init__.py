@@ -10,7 +10,12 @@ quantizing, in its quantizer's ``quantize_checkpoint`` classmethod, found throug
 
 from tokenmill.quantize.calibration import DEFAULT_LENGTH, DEFAULT_SEQUENCES, calibration_text, calibration_windows
 from tokenmill.quantize.checkpoint_writer import write_checkpoint
-from tokenmill.quantize.error_feedback import HessianAccumulator, column_order, quantize_with_error_feedback
+from tokenmill.quantize.error_feedback import (
+    HessianAccumulator,
+    column_order,
+    one_thread,
+    quantize_with_error_feedback,
+)
 from tokenmill.quantize.float_checkpoint import FloatCheckpoint
 from tokenmill.quantize.formats import format_options, quantize_model, writable_formats
 from tokenmill.quantize.layerwise import LayerwiseRunner, quantize_layer_by_layer
@@ -25,6 +30,7 @@ __all__ = [
     "calibration_windows",
     "column_order",
     "format_options",
+    "one_thread",
     "quantize_layer_by_layer",
     "quantize_model",
     "quantize_with_error_feedback",

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.quantize import FloatCheckpoint, LayerwiseRunner
+from tokenmill.quantize import FloatCheckpoint, LayerwiseRunner, one_thread
 
 # model types whose decoder layers have the llama layout and norms that multiply by their weight
 LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "qwen3")
@@ -53,7 +53,11 @@ def search_scales(inputs: torch.Tensor, input_mean: torch.Tensor, weights: list[
                   group_size: int) -> torch.Tensor:
     """The input-channel scales ``s`` [in] minimising ``sum ||x W^T - x (Q(W s) / s)^T||^2`` over the
     sample rows ``inputs`` [rows, in]; ``input_mean`` [in] is ``mean|x|`` over all calibration rows."""
-    stacked = torch.cat(weights)
+    with one_thread():  # a grid of mid-sized ops: threads stall more than they help on a busy machine
+        return _search(inputs, input_mean, torch.cat(weights), group_size)
+
+
+def _search(inputs: torch.Tensor, input_mean: torch.Tensor, stacked: torch.Tensor, group_size: int) -> torch.Tensor:
     normalised = stacked.abs().reshape(-1, group_size)
     normalised = normalised / normalised.amax(dim=1, keepdim=True).clamp(min=1e-12)
     weight_mean = normalised.reshape(stacked.shape).mean(0)
