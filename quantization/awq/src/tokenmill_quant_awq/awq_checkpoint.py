@@ -60,11 +60,12 @@ def quantize_checkpoint(model_dir: str, out_dir: str, *, bits: int = 4, group_si
 def _tensors(source: FloatCheckpoint, names: set[str], weights: dict[str, torch.Tensor],
              group_size: int) -> Iterator[tuple[str, torch.Tensor]]:
     for name in source.names():
-        tensor = weights[name] if name in weights else source.tensor(name)
+        original = source.tensor(name)
+        tensor = weights.get(name, original)
         if name in names:
             yield from quantize_awq(tensor, group_size).state_dict(name.removesuffix(".weight")).items()
         else:
-            yield name, tensor.to(source.tensor(name).dtype)
+            yield name, tensor.to(original.dtype)  # folded norms come back in the checkpoint's dtype
 
 
 def _largest_group_size(source: FloatCheckpoint, names: list[str]) -> int | None:
