@@ -58,3 +58,11 @@ def test_selected_on_the_cpu_with_reasons_elsewhere():
     spec = AttentionSpec(9, 3, 64, 0.125, "float32")
     assert CpuAttentionBackend.validate(spec, "cpu") == []
     assert CpuAttentionBackend.validate(spec, "cuda")
+
+
+def test_loading_the_kernel_keeps_subnormal_floats():
+    # a library built with -ffast-math would switch the whole process to flush-to-zero on load
+    from tokenmill_cpu.kernels.native import load_library
+
+    load_library()
+    assert float(torch.tensor(1e-40, dtype=torch.float32) * 1.0) != 0.0

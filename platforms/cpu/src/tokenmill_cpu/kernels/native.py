@@ -1,6 +1,6 @@
 """NativeKernels: compile ``paged_decode.c`` once per machine and call it through ctypes.
 
-The library is built with ``cc -O3 -march=native -fopenmp`` into a cache folder keyed by the source
+The library is built with ``cc -O3 -march=native -fopenmp`` (reassociation allowed, never -ffast-math) into a cache folder keyed by the source
 hash and the compiler, so later processes load it in milliseconds; without a C compiler the kernels
 are unavailable and the CPU platform falls back to the plain-PyTorch attention (with that reason).
 """
@@ -57,8 +57,10 @@ def load_library() -> ctypes.CDLL:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            command = [compiler, "-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared",
-                       "-fPIC", str(SOURCE), "-o", str(built), "-lm"]
+            # no -ffast-math: it links crtfastmath, whose constructor flushes subnormals to zero for the
+            # whole process (torch included); the flags below only let the compiler vectorise reductions
+            command = [compiler, "-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
+                       "-fassociative-math", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", str(built), "-lm"]
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 raise KernelBuildError(f"compiling the CPU attention kernel failed: {result.stderr.strip()[-500:]}")
