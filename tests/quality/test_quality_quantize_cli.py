@@ -144,3 +144,18 @@ def test_explain_shows_triton_rejected_on_the_cpu(key, triton, chosen, quantized
     assert kernels.count(f"rejected {triton}: on the CPU Triton runs only as its slow interpreter") == 4
     assert kernels.count(f"] {chosen}") == 4
     assert "lm_head" in kernels and "(full precision)" in kernels
+
+
+def test_calibration_file_and_window_options(tiny_llama, tmp_path, capsys):
+    text = tmp_path / "calibration.txt"
+    text.write_text("The river ran under the old stone bridge and on toward the sea. " * 20, encoding="utf-8")
+    options = ["--format", "awq", "--calibration-file", str(text), "--calibration-sequences", "2",
+               "--calibration-length", "32"]
+    assert main(["quantize", str(tiny_llama), str(tmp_path / "custom"), *options]) == 0
+    assert "awq (bits=4, group_size=128" in capsys.readouterr().out
+    missing = ["--format", "gptq", "--calibration-file", str(tmp_path / "absent.txt")]
+    assert main(["quantize", str(tiny_llama), str(tmp_path / "missing"), *missing]) == 1
+    assert "calibration file" in capsys.readouterr().err
+    long = ["--format", "gptq", "--calibration-file", str(text), "--calibration-length", "5000"]
+    assert main(["quantize", str(tiny_llama), str(tmp_path / "long"), *long]) == 1
+    assert "fewer than one window of 5000" in capsys.readouterr().err
