@@ -58,7 +58,7 @@ def run_engine(engine: str, model: str, workload: dict[str, Any], options: dict[
     if process.returncode != 0 or marker < 0:
         tail = (stderr or stdout).strip().splitlines()[-5:]
         return {"error": f"exit code {process.returncode}: " + " | ".join(tail)}
-    result = json.loads(stdout[marker + len("@@RESULT@@"):])
+    result = json.loads(stdout[marker + len("@@RESULT@@"):].splitlines()[0])  # engines may print after it
     result["process_s"] = time.perf_counter() - started
     return result
 
