@@ -37,8 +37,10 @@ class Unquantized(Quantizer):
         return FALLBACK_CONFIDENCE
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
-        """Only the torch reference kernel."""
-        return (TorchLinearKernel,)
+        """The torch reference kernel, then oneDNN linear (used only where a platform prefers it)."""
+        from tokenmill.layers.onednn_linear import OneDnnLinearKernel
+
+        return (TorchLinearKernel, OneDnnLinearKernel)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """Nothing is stored quantized."""

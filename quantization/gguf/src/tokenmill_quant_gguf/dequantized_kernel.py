@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import torch.nn.functional as F
 
+from tokenmill.layers.onednn_linear import OneDnnLinearKernel
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 
 
@@ -26,3 +27,16 @@ class GGUFDequantizedKernel(QuantKernel):
     def apply(self, layer: Any, x: Any, bias: Any | None) -> Any:
         """``x @ weight.T + bias``."""
         return F.linear(x, layer.weight, bias)
+
+
+class GGUFDequantizedOneDnnKernel(OneDnnLinearKernel):
+    """Dequantized-at-load GGUF layers through oneDNN linear (chosen where a platform prefers it)."""
+
+    name = "gguf-dequantized-onednn"
+    gguf_layout: ClassVar[str] = "dequantize"
+
+    @classmethod
+    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
+        """The dequantized layout's condition plus oneDNN's (CPU, float32/bfloat16)."""
+        return (GGUFDequantizedKernel.supports(quantizer, spec, device_type, caps)
+                or super().supports(quantizer, spec, device_type, caps))

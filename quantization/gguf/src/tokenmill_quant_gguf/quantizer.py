@@ -26,7 +26,7 @@ import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
-from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
+from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel, GGUFDequantizedOneDnnKernel
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.gguf_file import GGUF_MAGIC
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
@@ -76,8 +76,9 @@ class GGUFQuantizer(Quantizer):
         return cls(model_path, mode)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
-        """Dequantized ``F.linear`` first, then packed Triton (GPUs), then the packed torch reference."""
-        return (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel)
+        """Dequantized ``F.linear`` first, then packed Triton (GPUs), then the packed torch reference;
+        dequantized oneDNN linear last, used only where the platform prefers it (CPUs)."""
+        return (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel, GGUFDequantizedOneDnnKernel)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """True when the file stores the layer (False e.g. for an ``lm_head`` tied to the embedding)."""
