@@ -119,3 +119,12 @@ def test_seeded_sampling_is_batch_independent(model_dir, mixed_prompts):
     batch = llm.generate([{"prompt_token_ids": p} for p in mixed_prompts[1:4]] + [{"prompt_token_ids": mixed_prompts[0]}],
                          others + [seeded], use_tqdm=False)
     assert batch[-1].outputs[0].text == alone
+
+
+def test_gguf_served_through_the_plugin_matches_hf_gguf_loading(hf_model, mixed_prompts):
+    """The bundled GGUF itself (tokenmill-quant-gguf, dequantized to fp32 at load) against
+    HF transformers' own GGUF loading: 32 prompts x 64 greedy tokens."""
+    llm = LLM(str(smollm2.gguf_path()), dtype="float32", kv_cache_memory="1GiB")
+    assert llm.engine.config.model.quantization == "gguf"
+    exact = check_parity(hf_model, mixed_prompts, run(llm, mixed_prompts))
+    assert exact >= len(mixed_prompts) - 2, f"only {exact}/{len(mixed_prompts)} exact (the rest are proven near-ties)"
