@@ -96,7 +96,8 @@ def test_port_opens_only_once_the_model_is_loaded(tiny_model, tmp_path):
 
 def test_sigterm_drains_running_requests_then_exits_0(servers):
     server = servers["drain"]
-    thread, result = open_stream(server, {**LONG, "max_tokens": 60})
+    # long enough that the request is still running when the signal lands, however fast the engine is
+    thread, result = open_stream(server, {**LONG, "max_tokens": 400})
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert httpx.get(server.url + "/health", timeout=5).status_code == 503

@@ -93,6 +93,10 @@ def test_disconnects_return_gauges_to_baseline(smollm2_server):
         lines = response.iter_lines()
         while not next(lines).startswith("data:"):
             pass
+        # the second sample may still wait for the first one's prompt blocks when the first token streams
+        deadline = time.monotonic() + 10
+        while metric_value(url, RUNNING) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert metric_value(url, RUNNING) == 2 and metric_value(url, KV) > 0
     assert wait_for_idle(url)
     long_prompt = {"prompt": "The history of the world, part one. " * 150, "max_tokens": 5}
