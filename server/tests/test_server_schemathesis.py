@@ -27,8 +27,9 @@ def clamp(body):
         body["prompt"] = body["prompt"][:2]
     if isinstance(body.get("messages"), list):
         body["messages"] = body["messages"][:3]
-    if body.get("best_of") is not None and isinstance(body.get("n"), int):
-        body["best_of"] = max(body["best_of"], body["n"])
+    best_of, n = body.get("best_of"), body.get("n")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (best_of, n)):
+        body["best_of"] = max(best_of, n)  # negative cases may put any type in either field
     if isinstance(body.get("max_tokens"), int) and body.get("min_tokens", 0) > body["max_tokens"]:
         body["min_tokens"] = 0
 
