@@ -25,6 +25,13 @@ started=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv --system-site-packages --without-pip "$VENV" || setup="failed: could not create the venv at $VENV"
 fi
+# --system-site-packages reaches only the base interpreter's packages: when $PYTHON is itself a venv
+# (the GPU image's python3 is), the folders holding its packages come along through a .pth file
+if [ "$setup" = "ok" ]; then
+  parent_sites=$("$PYTHON" -c "import sys; print([p for p in sys.path if p.endswith('-packages')])")
+  child_site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "import site; list(map(site.addsitedir, $parent_sites))" > "$child_site/_gpu_check_parent.pth"
+fi
 if [ "$setup" = "ok" ]; then
   shopt -s nullglob
   wheels=(.gpu-wheels/*.whl)

@@ -45,20 +45,21 @@ def marker(argv: list[str]) -> str:
 
 def test_the_gpu_plan_runs_the_gpu_lane_compiled_triton_parity_and_throughput():
     steps = plan()
-    assert list(steps) == ["prepare", "gpu-lane", "triton-compiled", "parity", "throughput:float16",
-                           "throughput:bfloat16"]
+    assert list(steps) == ["prepare", "gpu-lane", "triton-compiled", "parity:off", "parity:on",
+                           "throughput:float16", "throughput:bfloat16"]
     lane = steps["gpu-lane"].argv
     assert marker(lane) == "gpu" and "attention_backends/triton" in lane
     assert "quantization/gguf/tests" in lane and "core/tests/test_runner_graph_triton.py" in lane
     compiled = steps["triton-compiled"]
     assert marker(compiled.argv) == "not gpu" and compiled.env == {"TRITON_INTERPRET": ""}
-    assert sum(step.timeout for step in steps.values()) <= 420  # with ~1 minute of setup: within 8 minutes
+    assert sum(step.timeout for step in steps.values()) <= 450  # with ~1 minute of setup: within 8.5 minutes
+    assert steps["parity:on"].argv[-2:] == ["--graphs", "on"]
     assert steps["throughput:float16"].argv[-2:] == ["--dtype", "float16"]
 
 
 def test_the_dry_run_plan_skips_pytest_and_runs_on_the_cpu():
     steps = plan("--dry-run")
-    assert list(steps) == ["prepare", "parity", "throughput:float32", "throughput:bfloat16"]
+    assert list(steps) == ["prepare", "parity:off", "parity:on", "throughput:float32", "throughput:bfloat16"]
     assert all("--dry-run" in step.argv and "cpu" in step.argv for step in steps.values())
 
 
@@ -82,9 +83,9 @@ def test_dry_run_passes_and_writes_the_summary(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert summary["ok"] and summary["dry_run"]
-    parity = summary["steps"]["parity"]
-    assert parity["graphs_off"]["identical"] == parity["graphs_on"]["identical"] == parity["prompts"]
-    assert parity["graphs_on"]["graphs"] == "eager"
+    off, on = summary["steps"]["parity:off"], summary["steps"]["parity:on"]
+    assert off["graphs_off"]["identical"] == on["graphs_on"]["identical"] == off["prompts"]
+    assert on["graphs_on"]["graphs"] == "eager"
     runs = [run for name, step in summary["steps"].items() if name.startswith("throughput") for run in step["runs"]]
     assert {(run["dtype"], run["graphs"]) for run in runs} == {(d, g) for d in ("float32", "bfloat16")
                                                                 for g in ("off", "eager")}

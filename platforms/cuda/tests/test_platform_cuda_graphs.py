@@ -42,3 +42,39 @@ def test_capture_plans_once_and_replays_on_new_inputs():
         out = graph.replay()
         torch.testing.assert_close(out, value * 2 + torch.arange(8, device="cuda", dtype=torch.float32))
     assert len(plans) == 1
+
+
+def test_capture_keeps_the_plan_alive(monkeypatch):
+    """A recorded graph reads the plan's tensors by address: once capture() returns, nothing but the
+    graph may hold them, and freeing them would let the caching allocator reuse their memory."""
+    import contextlib
+    import gc
+    import weakref
+
+    class Recorded:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: type("S", (), {"wait_stream": lambda *a: None})())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"wait_stream": lambda *a: None})())
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Recorded)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+
+    class Plan:
+        pass
+
+    graph = CudaDecodeGraph(torch.device("cuda", 0), pool=None)
+    plans: list[weakref.ref] = []
+
+    def plan():
+        made = Plan()
+        plans.append(weakref.ref(made))
+        return made
+
+    graph.capture(plan, lambda metadata: torch.zeros(2))
+    gc.collect()
+    assert len(plans) == 1 and plans[0]() is not None

@@ -25,6 +25,7 @@ class CudaDecodeGraph:
         self.pool = pool
         self._graph: Any = None
         self._output: Any = None
+        self._metadata: Any = None
 
     def capture(self, plan: Callable[[], Any], forward: Callable[[Any], Any]) -> None:
         """Plan once, warm up eagerly on a side stream, then record ``forward(plan)``.
@@ -54,7 +55,9 @@ class CudaDecodeGraph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             output = forward(metadata)
-        self._graph, self._output = graph, output
+        # the recorded kernels read the plan's tensors by address: they must live as long as the graph,
+        # or the caching allocator hands their memory to the next allocation
+        self._graph, self._output, self._metadata = graph, output, metadata
 
     def replay(self) -> Any:
         """Relaunch the recorded kernels; returns the captured output tensor, now refreshed."""
