@@ -1,13 +1,90 @@
 /* Paged decode attention for float32 on the CPU: one query token per request, keys and values read in
- * place from the block-structured cache (no gather), online softmax, GQA, sliding window, soft-cap.
+ * place from the block-structured cache (no gather), GQA, sliding window, soft-cap.
  *
  * cache layout: [2][num_blocks][block_size][num_kv_heads][head_size] (keys, then values), contiguous.
  * query/out:    [num_requests][num_heads][head_size], contiguous.
  * Each (request, kv head) pair is independent: OpenMP splits them across threads.
+ *
+ * Keys are taken a tile at a time (the tokens of one cache block): every score of the tile first, so
+ * the loads are independent and the memory system keeps many in flight, then one online-softmax
+ * update per tile and query head, then the values. Decoding is bound by memory bandwidth; reading
+ * one key per softmax update (a serial chain through the running maximum) left most of it unused.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#define MAX_TILE 64
+#define MAX_GROUP 64
+#define MAX_HEAD 256
+
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+    return s;
+}
+
+/* One kv head of one request: `group` query heads attend to positions [first, len). Inlined with a
+ * constant head_size for the common sizes, so the inner loops vectorise with known trip counts. */
+static inline __attribute__((always_inline)) void attend_kv_head(
+        const float *query, const float *keys, const float *values, const int32_t *table, int64_t first,
+        int64_t len, float *out, int64_t group, int64_t head_size, int64_t block_size, int64_t block_stride,
+        int64_t token_stride, float scale, float soft_cap) {
+    float q[MAX_GROUP * MAX_HEAD] __attribute__((aligned(64)));
+    float acc[MAX_GROUP * MAX_HEAD] __attribute__((aligned(64)));
+    float scores[MAX_GROUP * MAX_TILE] __attribute__((aligned(64)));
+    float running_max[MAX_GROUP], total[MAX_GROUP];
+    for (int64_t g = 0; g < group; ++g) {
+        for (int64_t d = 0; d < head_size; ++d) q[g * head_size + d] = query[g * head_size + d] * scale;
+        running_max[g] = -INFINITY;
+        total[g] = 0.0f;
+        memset(acc + g * head_size, 0, sizeof(float) * head_size);
+    }
+    for (int64_t pos = first; pos < len;) {
+        const int64_t in_block = pos % block_size;
+        int64_t n = block_size - in_block;
+        if (n > len - pos) n = len - pos;
+        if (n > MAX_TILE) n = MAX_TILE;
+        const int64_t base = (int64_t)table[pos / block_size] * block_stride + in_block * token_stride;
+        for (int64_t t = 0; t < n; ++t) {
+            const float *k = keys + base + t * token_stride;
+            for (int64_t g = 0; g < group; ++g) scores[g * MAX_TILE + t] = dot(q + g * head_size, k, head_size);
+        }
+        for (int64_t g = 0; g < group; ++g) {
+            float *s = scores + g * MAX_TILE;
+            if (soft_cap > 0.0f)
+                for (int64_t t = 0; t < n; ++t) s[t] = soft_cap * tanhf(s[t] / soft_cap);
+            float tile_max = running_max[g];
+            for (int64_t t = 0; t < n; ++t) tile_max = s[t] > tile_max ? s[t] : tile_max;
+            if (tile_max > running_max[g]) {
+                const float correction = expf(running_max[g] - tile_max);
+                float *a = acc + g * head_size;
+                total[g] *= correction;
+                for (int64_t d = 0; d < head_size; ++d) a[d] *= correction;
+                running_max[g] = tile_max;
+            }
+            float sum = 0.0f;
+            for (int64_t t = 0; t < n; ++t) {
+                s[t] = expf(s[t] - tile_max);
+                sum += s[t];
+            }
+            total[g] += sum;
+        }
+        for (int64_t t = 0; t < n; ++t) {
+            const float *v = values + base + t * token_stride;
+            for (int64_t g = 0; g < group; ++g) {
+                const float p = scores[g * MAX_TILE + t];
+                float *a = acc + g * head_size;
+                for (int64_t d = 0; d < head_size; ++d) a[d] += p * v[d];
+            }
+        }
+        pos += n;
+    }
+    for (int64_t g = 0; g < group; ++g) {
+        const float inv = total[g] > 0.0f ? 1.0f / total[g] : 0.0f;
+        for (int64_t d = 0; d < head_size; ++d) out[g * head_size + d] = acc[g * head_size + d] * inv;
+    }
+}
 
 void paged_decode_f32(const float *query, const float *cache, const int32_t *block_tables, const int32_t *seq_lens,
                       float *out, int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
@@ -22,43 +99,18 @@ void paged_decode_f32(const float *query, const float *cache, const int32_t *blo
         for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
             const int64_t len = seq_lens[r];
             const int64_t first = (window > 0 && len > window) ? len - window : 0;
+            const int64_t head0 = (r * num_heads + kvh * group) * head_size;
             const int32_t *table = block_tables + r * max_blocks;
-            float m[64], l[64], acc[64 * 256];
-            float q[64 * 256];
-            for (int64_t g = 0; g < group; ++g) {
-                const float *src = query + (r * num_heads + kvh * group + g) * head_size;
-                for (int64_t d = 0; d < head_size; ++d) q[g * head_size + d] = src[d] * scale;
-                m[g] = -INFINITY;
-                l[g] = 0.0f;
-                memset(acc + g * head_size, 0, sizeof(float) * head_size);
-            }
-            for (int64_t pos = first; pos < len; ++pos) {
-                const int64_t offset = (int64_t)table[pos / block_size] * block_stride + (pos % block_size) * token_stride +
-                                       kvh * head_size;
-                const float *k = cache + offset;
-                const float *v = values + offset;
-                for (int64_t g = 0; g < group; ++g) {
-                    const float *qg = q + g * head_size;
-                    float s = 0.0f;
-                    for (int64_t d = 0; d < head_size; ++d) s += qg[d] * k[d];
-                    if (soft_cap > 0.0f) s = soft_cap * tanhf(s / soft_cap);
-                    float *ag = acc + g * head_size;
-                    if (s > m[g]) {
-                        const float correction = expf(m[g] - s);
-                        l[g] *= correction;
-                        for (int64_t d = 0; d < head_size; ++d) ag[d] *= correction;
-                        m[g] = s;
-                    }
-                    const float p = expf(s - m[g]);
-                    l[g] += p;
-                    for (int64_t d = 0; d < head_size; ++d) ag[d] += p * v[d];
-                }
-            }
-            for (int64_t g = 0; g < group; ++g) {
-                float *dst = out + (r * num_heads + kvh * group + g) * head_size;
-                const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-                for (int64_t d = 0; d < head_size; ++d) dst[d] = acc[g * head_size + d] * inv;
-            }
+            const float *k = cache + kvh * head_size, *v = values + kvh * head_size;
+            if (head_size == 64)
+                attend_kv_head(query + head0, k, v, table, first, len, out + head0, group, 64, block_size,
+                               block_stride, token_stride, scale, soft_cap);
+            else if (head_size == 128)
+                attend_kv_head(query + head0, k, v, table, first, len, out + head0, group, 128, block_size,
+                               block_stride, token_stride, scale, soft_cap);
+            else
+                attend_kv_head(query + head0, k, v, table, first, len, out + head0, group, head_size, block_size,
+                               block_stride, token_stride, scale, soft_cap);
         }
     }
 }
