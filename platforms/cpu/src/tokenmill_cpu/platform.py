@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import platform as host
@@ -13,9 +14,12 @@ from tokenmill.plugin_api import DeviceInfo, MemoryInfo, Platform, PlatformCapab
 
 from tokenmill_cpu.capabilities import cpu_capabilities
 from tokenmill_cpu.cpuinfo import read_cpuinfo
+from tokenmill_cpu.host_allocator import tune_host_allocator
 from tokenmill_cpu.host_memory import host_memory
 from tokenmill_cpu.isa import has_native_bf16, isa_features
 from tokenmill_cpu.threads import available_cpus, pin_threads
+
+logger = logging.getLogger(__name__)
 
 KV_CACHE_FRACTION = 0.25  # of available RAM, when the user did not size the cache
 KV_CACHE_CAP = 32 << 30  # bytes; more only helps with very long contexts, which CPUs serve slowly
@@ -65,10 +69,12 @@ class CpuPlatform(Platform):
 
     def activate(self) -> None:
         """One torch thread per available physical core (hyper-threads only add contention in
-        matmul-bound code), unless ``OMP_NUM_THREADS`` says otherwise."""
+        matmul-bound code), unless ``OMP_NUM_THREADS`` says otherwise; glibc malloc told to keep
+        freed activation memory (``host_allocator``; ``TOKENMILL_CPU_KEEP_MALLOC=1`` opts out)."""
         if self.device_index != 0:
             raise ValueError(f"the CPU platform has a single device (cpu), not cpu:{self.device_index}")
         pin_threads(self.physical_cores)
+        logger.info("cpu platform: %s", tune_host_allocator())
 
     @cached_property
     def capabilities(self) -> PlatformCapabilities:
