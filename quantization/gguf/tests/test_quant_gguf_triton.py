@@ -27,23 +27,6 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
 T = gguf.GGMLQuantizationType
 
 
-def _packed_layer(shards: list[tuple[GGMLType, int]], in_features: int, rng: np.random.Generator,
-                  device: str = DEVICE) -> SimpleNamespace:
-    """``qweight`` and ``gguf_segments`` as GGUFQuantizer builds them: shards' rows stacked, each
-    padded with zeros to the widest row."""
-    width = max(t.row_bytes(in_features) for t, _ in shards)
-    rows, segments, start = [], [], 0
-    for ggml_type, count in shards:
-        values = rng.standard_normal((count, in_features)).astype(np.float32)
-        blocks = gguf.quants.quantize(values, T(int(ggml_type)))
-        padded = np.zeros((count, width), dtype=np.uint8)
-        padded[:, : blocks.shape[1]] = blocks
-        rows.append(padded)
-        segments.append((start, start + count, ggml_type))
-        start += count
-    return SimpleNamespace(qweight=torch.from_numpy(np.concatenate(rows)).to(device), gguf_segments=tuple(segments))
-
-
 def _assert_matches_reference(layer: SimpleNamespace, in_features: int, rows: int, dtype: torch.dtype) -> None:
     x = torch.randn(rows, in_features, device=layer.qweight.device).to(dtype)
     got = GGUFPackedTritonKernel().apply(layer, x, None)
@@ -61,18 +44,18 @@ def _triton_device():
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
 @pytest.mark.parametrize("ggml_type", [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1])
-def test_block_types_match_the_torch_reference(rows, ggml_type, rng):
-    _assert_matches_reference(_packed_layer([(ggml_type, 96)], 128, rng), 128, rows, torch.float32)
+def test_block_types_match_the_torch_reference(rows, ggml_type, rng, packed_layer):
+    _assert_matches_reference(packed_layer([(ggml_type, 96)], 128, rng, DEVICE), 128, rows, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_activations(dtype, rng):
-    _assert_matches_reference(_packed_layer([(GGMLType.Q4_1, 64)], 128, rng), 128, 5, dtype)
+def test_half_precision_activations(dtype, rng, packed_layer):
+    _assert_matches_reference(packed_layer([(GGMLType.Q4_1, 64)], 128, rng, DEVICE), 128, 5, dtype)
 
 
-def test_fused_shards_of_mixed_types_with_padded_rows(rng):
+def test_fused_shards_of_mixed_types_with_padded_rows(rng, packed_layer):
     """Q4_0 rows (18-byte blocks) padded to Q8_0's width (34-byte blocks), then Q4_1 rows."""
-    layer = _packed_layer([(GGMLType.Q4_0, 96), (GGMLType.Q8_0, 40), (GGMLType.Q4_1, 72)], 96, rng)
+    layer = packed_layer([(GGMLType.Q4_0, 96), (GGMLType.Q8_0, 40), (GGMLType.Q4_1, 72)], 96, rng, DEVICE)
     _assert_matches_reference(layer, 96, 33, torch.float32)
 
 
@@ -107,7 +90,8 @@ def test_kernel_order_and_verdicts(gguf_fixtures, rng):
     caps = PlatformCapabilities()
     packed = GGUFQuantizer(_smollm_like_file(gguf_fixtures, rng), "packed")
     assert packed.kernels()[:3] == (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel)
-    assert [k.name for k in packed.kernels()[3:]] == ["gguf-dequantized-onednn"]  # only where a platform prefers it
+    # only where a platform prefers them
+    assert [k.name for k in packed.kernels()[3:]] == ["gguf-dequantized-onednn", "gguf-packed-cpu"]
     cpu = GGUFPackedTritonKernel.supports(packed, QKV, "cpu", caps)
     assert "interpreter" in cpu and "not for serving" in cpu
     assert GGUFPackedTritonKernel.supports(packed, QKV, "cuda", caps) is None
@@ -122,9 +106,9 @@ def test_kernel_order_and_verdicts(gguf_fixtures, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 16, 100, 512])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_gpu_large_layers(rows, dtype):
+def test_gpu_large_layers(rows, dtype, packed_layer):
     if INTERPRETED or not torch.cuda.is_available():
         pytest.skip("checks compiled kernels on a CUDA device")
-    layer = _packed_layer([(GGMLType.Q4_0, 2048), (GGMLType.Q8_0, 512), (GGMLType.Q4_1, 512)], 2048,
+    layer = packed_layer([(GGMLType.Q4_0, 2048), (GGMLType.Q8_0, 512), (GGMLType.Q4_1, 512)], 2048,
                           np.random.default_rng(0), device="cuda")
     _assert_matches_reference(layer, 2048, rows, dtype)

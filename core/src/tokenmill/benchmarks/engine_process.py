@@ -68,13 +68,20 @@ def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any])
     elapsed = time.perf_counter() - started
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": generated, "output_tok_s": generated / elapsed,
-              "outputs": [o.outputs[0].token_ids for o in outputs]}
+              "outputs": [o.outputs[0].token_ids for o in outputs], "linear_kernels": _linear_kernels(llm)}
     if len(outputs) == 1 and outputs[0].metrics is not None:
         metrics = outputs[0].metrics
         ttft = metrics.first_token_time - metrics.arrival_time
         result["ttft_s"] = ttft
         result["decode_tok_s"] = (generated - 1) / max(elapsed - ttft, 1e-9)
     return result
+
+
+def _linear_kernels(llm: Any) -> list[str]:
+    """The kernels the model's linear layers run (e.g. ``onednn-linear``, ``gguf-packed-cpu``)."""
+    model = llm.engine.core.runner.model
+    return sorted({kernel.name for module in model.modules() if (kernel := getattr(module, "kernel", None)) is not None
+                   and hasattr(kernel, "name")})
 
 
 ENGINES = {"hf": run_hf, "tokenmill": run_tokenmill}

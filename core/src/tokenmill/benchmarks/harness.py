@@ -105,5 +105,7 @@ def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios:
         if "greedy_agreement" in extra:
             agree = extra["greedy_agreement"]
             line += f"  identical {agree['identical']}/{agree['total']}"
+        if result.get("linear_kernels"):
+            line += f"  [{', '.join(result['linear_kernels'])}]"
         lines.append(line)
     return "\n".join(lines)

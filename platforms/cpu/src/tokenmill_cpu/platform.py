@@ -91,8 +91,8 @@ class CpuPlatform(Platform):
 
     def quant_kernel_preference(self) -> tuple[str, ...]:
         """oneDNN linear on reordered weights for full-precision and dequantized GGUF layers (2-4x
-        torch's default CPU GEMM)."""
-        return ("onednn-linear", "gguf-dequantized-onednn")
+        torch's default CPU GEMM); with GGUF's packed mode, its C kernel over the raw blocks."""
+        return ("onednn-linear", "gguf-dequantized-onednn", "gguf-packed-cpu")
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and

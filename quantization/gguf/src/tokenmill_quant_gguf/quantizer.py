@@ -5,7 +5,8 @@ Two layouts for linear layers:
 * ``dequantize``: the ggml blocks are expanded to the compute dtype while loading; the layer holds a
   plain ``weight`` and runs ``F.linear`` (``GGUFDequantizedKernel``). Fast, but float-sized.
 * ``packed``: the layer keeps the raw blocks (``qweight``, uint8 ``[out_features, row_bytes]``) and
-  dequantizes them inside each matmul (``GGUFPackedTorchKernel``). A fused layer (q/k/v, gate/up)
+  dequantizes them inside each matmul (``GGUFPackedTorchKernel``; on CPUs ``GGUFPackedCpuKernel``
+  reads Q4_0/Q4_1/Q8_0 blocks in place for decode steps, 4.5 bits a weight instead of 32). A fused layer (q/k/v, gate/up)
   stacks its shards' rows; shards of different ggml types are zero-padded to the widest row and
   ``layer.gguf_segments`` records each row range's type.
 
@@ -26,6 +27,7 @@ import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
+from tokenmill_quant_gguf.cpu_kernel import GGUFPackedCpuKernel
 from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel, GGUFDequantizedOneDnnKernel
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.gguf_file import GGUF_MAGIC
@@ -77,8 +79,10 @@ class GGUFQuantizer(Quantizer):
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """Dequantized ``F.linear`` first, then packed Triton (GPUs), then the packed torch reference;
-        dequantized oneDNN linear last, used only where the platform prefers it (CPUs)."""
-        return (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel, GGUFDequantizedOneDnnKernel)
+        dequantized oneDNN linear and the packed C kernel last, used only where the platform prefers
+        them (CPUs)."""
+        return (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel, GGUFDequantizedOneDnnKernel,
+                GGUFPackedCpuKernel)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """True when the file stores the layer (False e.g. for an ``lm_head`` tied to the embedding)."""
