@@ -128,3 +128,14 @@ def test_gguf_served_through_the_plugin_matches_hf_gguf_loading(hf_model, mixed_
     assert llm.engine.config.model.quantization == "gguf"
     exact = check_parity(hf_model, mixed_prompts, run(llm, mixed_prompts))
     assert exact >= len(mixed_prompts) - 2, f"only {exact}/{len(mixed_prompts)} exact (the rest are proven near-ties)"
+
+
+def test_gguf_packed_blocks_on_the_cpu_match_hf_gguf_loading(hf_model, mixed_prompts, monkeypatch):
+    """The same GGUF with its Q4_1 blocks kept packed and multiplied in place by the CPU plugin's
+    C kernel (GGUF packed mode): the weights are the same floats, only rounding order differs."""
+    monkeypatch.setenv("TOKENMILL_GGUF_MODE", "packed")
+    llm = LLM(str(smollm2.gguf_path()), dtype="float32", kv_cache_memory="1GiB")
+    kernels = {type(m.kernel).name for m in llm.engine.core.runner.model.modules() if hasattr(m, "kernel")}
+    assert "gguf-packed-cpu" in kernels
+    exact = check_parity(hf_model, mixed_prompts, run(llm, mixed_prompts))
+    assert exact >= len(mixed_prompts) - 2, f"only {exact}/{len(mixed_prompts)} exact (the rest are proven near-ties)"
