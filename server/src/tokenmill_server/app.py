@@ -34,7 +34,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, plugin_manager: Any = 
     model = model_limits(engine)
     metrics = ServerMetrics(model.name, model.max_model_len)
     engine.add_stats_listener(metrics.observe)
-    app.state.server = ServerState(engine=engine, limits=settings.request_limits(), metrics=metrics, model=model)
+    app.state.server = ServerState(engine=engine, limits=settings.request_limits(), metrics=metrics, model=model,
+                                   max_stream_buffer_bytes=settings.max_stream_buffer_bytes)
     if plugin_manager is not None:
         plugin_manager.hook.register_routes(app=app, engine=engine)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

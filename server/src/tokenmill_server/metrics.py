@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from tokenmill.engine.async_llm import IterationStats
+from tokenmill_server.event_stream import StreamGauge
 
 PREFIX = "tokenmill:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -68,6 +69,16 @@ class ServerMetrics:
                                              ITL_BUCKETS)
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Request latency, arrival to finish.",
                                              E2E_BUCKETS)
+        self.slow_reader_aborts = counter("slow_reader_aborts", "Streams stopped because the client read too slowly.")
+        self._timeouts = Counter(PREFIX + "connection_timeouts", "Connections closed because the client sent its "
+                                 "request (kind=read) or read the response (kind=write) too slowly.",
+                                 ["model_name", "kind"], registry=r)
+        self.connection_timeouts = {kind: self._timeouts.labels(name, kind) for kind in ("read", "write")}
+        self.streams = StreamGauge(self.slow_reader_aborts.inc)
+        gauge("stream_buffered_bytes", "Stream output formatted but not yet sent, over all streams.").set_function(
+            lambda: self.streams.buffered_bytes)
+        gauge("stream_buffered_bytes_max", "The most unsent output one stream has held.").set_function(
+            lambda: self.streams.max_stream_bytes)
         self._totals = (0, 0, 0)
 
     def observe(self, stats: IterationStats) -> None:
@@ -99,6 +110,10 @@ class ServerMetrics:
             self.e2e_request_latency.observe(finished.e2e_latency)
             self.request_prompt_tokens.observe(finished.num_prompt_tokens)
             self.request_generation_tokens.observe(finished.num_generation_tokens)
+
+    def connection_timed_out(self, kind: str) -> None:
+        """Count a connection closed by the read or write timeout."""
+        self.connection_timeouts[kind].inc()
 
     def admission_rejected(self) -> None:
         self.admission_rejections.inc()

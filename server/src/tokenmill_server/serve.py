@@ -21,6 +21,7 @@ import uvicorn
 from tokenmill.config import EngineArgs
 from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError
 from tokenmill_server.app import build_app
+from tokenmill_server.http_protocol import GuardedH11Protocol
 from tokenmill_server.server_args import ServerSettings
 from tokenmill_server.state import ServerState
 from tokenmill_server.throughput_log import ThroughputLog
@@ -115,7 +116,9 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
             from tokenmill_server.grpc_api.service import start_grpc_server
 
             grpc = await start_grpc_server(state, settings)
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, http="h11", lifespan="off",
+        http = GuardedH11Protocol.factory(settings.request_read_timeout, settings.write_timeout,
+                                          settings.socket_send_buffer, state.metrics.connection_timed_out)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http, lifespan="off",
                                 log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=5,
                                 access_log=False)
         server = _UvicornServer(config, state, settings, grpc, started)

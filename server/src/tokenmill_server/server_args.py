@@ -32,6 +32,10 @@ class ServerSettings:
     max_embedding_inputs: int = 2048
     max_tools: int = 128
     max_waiting_requests: int | None = 1024
+    max_stream_buffer_bytes: int = 1 << 20
+    request_read_timeout: float = 30.0
+    write_timeout: float = 60.0
+    socket_send_buffer: int = 0
     trust_request_chat_template: bool = False
     shutdown_timeout: float = 0.0
     keep_alive_on_engine_death: bool = False
@@ -77,6 +81,18 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-waiting-requests", type=int, default=1024,
                        help="sequences allowed to wait beyond --max-num-seqs before new requests get 503 "
                             "(default: 1024; -1: unbounded)")
+    group.add_argument("--max-stream-buffer", default="1MiB",
+                       help="unsent output one stream may hold before a slow reader's request is stopped "
+                            "(default: 1MiB)")
+    group.add_argument("--request-read-timeout", type=float, default=30.0,
+                       help="seconds a client has to send a whole request, headers and body, before the "
+                            "connection gets a 408 and is closed (default: 30)")
+    group.add_argument("--write-timeout", type=float, default=60.0,
+                       help="seconds a response may wait for a client that reads nothing before the connection "
+                            "is closed (default: 60)")
+    group.add_argument("--socket-send-buffer", default="0",
+                       help="cap each connection's kernel send buffer (SO_SNDBUF), e.g. 64KiB (default: 0, "
+                            "the kernel's autotuning)")
     group.add_argument("--trust-request-chat-template", action="store_true",
                        help="let requests supply their own chat template (unsafe with untrusted clients)")
     group.add_argument("--shutdown-timeout", type=float, default=0.0,
@@ -100,6 +116,9 @@ def settings_from(namespace: argparse.Namespace) -> ServerSettings:
         max_logit_bias=namespace.max_logit_bias, max_prompts=namespace.max_prompts_per_request,
         max_embedding_inputs=namespace.max_embedding_inputs,
         max_tools=namespace.max_tools, max_waiting_requests=None if waiting is not None and waiting < 0 else waiting,
+        max_stream_buffer_bytes=parse_size(namespace.max_stream_buffer),
+        request_read_timeout=namespace.request_read_timeout, write_timeout=namespace.write_timeout,
+        socket_send_buffer=parse_size(namespace.socket_send_buffer),
         trust_request_chat_template=namespace.trust_request_chat_template,
         shutdown_timeout=namespace.shutdown_timeout, keep_alive_on_engine_death=namespace.keep_alive_on_engine_death,
         log_interval=namespace.log_interval, ready_timeout=namespace.ready_timeout,

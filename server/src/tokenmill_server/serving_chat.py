@@ -90,7 +90,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
         stream = engine.add_request(view.id, ids, params, prompt_text=text, priority=body.priority,
                                     cache_salt=body.cache_salt)
     if body.stream:
-        return EventStreamResponse(view.stream(stream), on_close=lambda: engine.abort(view.id))
+        return EventStreamResponse(view.stream(stream), on_close=lambda: engine.abort(view.id),
+                                   budget=state.stream_budget(PATH))
     try:
         with engine_errors():
             output = await until_disconnected(http, final_output(stream))

@@ -117,7 +117,8 @@ async def create_completion(body: CompletionRequest, http: Request) -> Response:
             _abort(state, request_ids)
             raise
     if body.stream:
-        return EventStreamResponse(view.stream(streams), on_close=lambda: _abort(state, request_ids))
+        return EventStreamResponse(view.stream(streams), on_close=lambda: _abort(state, request_ids),
+                                   budget=state.stream_budget(PATH))
     try:
         outputs = await until_disconnected(http, _collect(streams, state))
     except ClientDisconnected:

@@ -94,7 +94,8 @@ async def create_message(body: MessagesRequest, http: Request) -> Response:
         stream = state.engine.add_request(message_id, ids, params, prompt_text=text)
     view = _MessageView(message_id, name, len(ids))
     if body.stream:
-        return EventStreamResponse(view.stream(stream), on_close=lambda: state.engine.abort(message_id))
+        return EventStreamResponse(view.stream(stream), on_close=lambda: state.engine.abort(message_id),
+                                   budget=state.stream_budget(PATH))
     try:
         with engine_errors():
             output = await until_disconnected(http, final_output(stream))

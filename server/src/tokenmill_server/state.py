@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from tokenmill.engine.async_llm import AsyncLLM
 from tokenmill_server.errors import ApiError, bad_request, unavailable
+from tokenmill_server.event_stream import StreamBudget
 from tokenmill_server.metrics import ServerMetrics
 from tokenmill_server.sampling import ModelLimits, RequestLimits
 
@@ -30,8 +31,13 @@ class ServerState:
     limits: RequestLimits
     metrics: ServerMetrics
     model: ModelLimits
+    max_stream_buffer_bytes: int = 1 << 20
     started: float = field(default_factory=time.time)
     draining: bool = False
+
+    def stream_budget(self, path: str) -> StreamBudget:
+        """The unsent-output bound of one event stream on ``path``."""
+        return StreamBudget(self.max_stream_buffer_bytes, self.metrics.streams, path)
 
     def check_accepting(self) -> None:
         """503 while shutting down or after the engine died."""

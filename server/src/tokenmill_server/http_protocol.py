@@ -1,0 +1,134 @@
+"""GuardedH11Protocol: uvicorn's h11 protocol with the two timeouts it lacks (slowloris guards).
+
+- Read timeout: a client has ``read_timeout`` seconds from connecting (or from the first byte of a
+  later request on a kept-alive connection) to send the whole request, headers and body. If it has
+  not, it gets a 408 when no response has started, and the connection is closed; the handler, if
+  one runs, sees a disconnect. h11's size limits bound a trickled request's memory, not its time.
+- Write timeout: a response that cannot write because the client reads nothing (the transport stays
+  paused above its high-water mark) for ``write_timeout`` seconds has its connection closed, which
+  the handler sees as a disconnect (a stream's request is aborted).
+
+Idle kept-alive connections keep uvicorn's own keep-alive timeout. ``send_buffer`` (bytes, 0: the
+kernel's autotuning, up to ``net.ipv4.tcp_wmem``'s maximum) caps each connection's kernel send buffer,
+so that a stalled reader backs up into the server's own bounded stream buffers sooner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+logger = logging.getLogger("tokenmill.server")
+_RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
+
+
+def _timeout_response() -> bytes:
+    body = json.dumps({"error": {"message": "The request was not received in time.", "type": "invalid_request_error",
+                                 "param": None, "code": "request_timeout"}}).encode()
+    head = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % len(body))
+    return head + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """H11Protocol plus a per-request read deadline and a write-stall deadline."""
+
+    def __init__(self, *args: Any, read_timeout: float, write_timeout: float, send_buffer: int = 0,
+                 on_timeout: Callable[[str], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self.send_buffer = send_buffer
+        self.on_timeout = on_timeout
+        self._read_deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def factory(cls, read_timeout: float, write_timeout: float, send_buffer: int = 0,
+                on_timeout: Callable[[str], None] | None = None) -> Callable[..., GuardedH11Protocol]:
+        """What ``uvicorn.Config(http=...)`` takes: builds the protocol with these settings."""
+        return functools.partial(cls, read_timeout=read_timeout, write_timeout=write_timeout, send_buffer=send_buffer,
+                                 on_timeout=on_timeout)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if self.send_buffer > 0 and sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
+        self._arm_read()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_read()
+        self._disarm_write()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._read_deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm_read()  # the first bytes of the next request on a kept-alive connection
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state in _RECEIVED:
+            self._disarm_read()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None and self.write_timeout > 0:
+            self._write_deadline = self.loop.call_later(self.write_timeout, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_write()
+
+    def _arm_read(self) -> None:
+        self._disarm_read()
+        if self.read_timeout > 0:
+            self._read_deadline = self.loop.call_later(self.read_timeout, self._read_timed_out)
+
+    def _disarm_read(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _disarm_write(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._read_deadline = None
+        if self.transport.is_closing() or self.conn.their_state in _RECEIVED:
+            return
+        cycle = self.cycle
+        responding = cycle is not None and not cycle.response_complete and cycle.response_started
+        if not responding:
+            self.transport.write(_timeout_response())
+        self._close("read")
+
+    def _write_timed_out(self) -> None:
+        self._write_deadline = None
+        if not self.transport.is_closing():
+            self._close("write")
+
+    def _close(self, kind: str) -> None:
+        """Close now; after a write timeout the unsent buffer is dropped (the client is not reading it)."""
+        logger.debug("closing a connection from %s: %s timeout", self.client, kind)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the handler's receive() now reports a disconnect, send() is a no-op
+            cycle.message_event.set()
+        if kind == "write":
+            self.transport.abort()
+        else:
+            self.transport.close()  # sends the 408 first
+        if self.on_timeout is not None:
+            self.on_timeout(kind)
