@@ -134,3 +134,19 @@ def test_errors_never_carry_paths_or_tracebacks(tiny_server, tiny_model):
     for response in responses:
         text = json.dumps(response.json())
         assert str(tiny_model) not in text and "Traceback" not in text and "/tmp" not in text
+
+
+def test_health_on_kept_alive_connections_http10_and_cors(tiny_server):
+    with httpx.Client(base_url=tiny_server.url, timeout=5) as client:  # one kept-alive connection
+        for _ in range(3):
+            response = client.get("/health")
+            assert response.status_code == 200 and response.content == b""
+        assert client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}).status_code == 200
+        assert client.get("/health").status_code == 200
+        cors = client.get("/health", headers={"Origin": "http://example.com"})
+        assert cors.status_code == 200 and cors.headers["access-control-allow-origin"] == "*"
+    reply = raw_exchange(tiny_server, b"GET /health HTTP/1.0\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and reply.endswith(b"\r\n\r\n")
+    two = raw_exchange(tiny_server, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
+                                    b"Connection: close\r\n\r\n")
+    assert two.count(b"HTTP/1.1 200") == 2

@@ -8,7 +8,9 @@
   paused above its high-water mark) for ``write_timeout`` seconds has its connection closed, which
   the handler sees as a disconnect (a stream's request is aborted).
 
-Idle kept-alive connections keep uvicorn's own keep-alive timeout. ``send_buffer`` (bytes, 0: the
+A plain ``GET /health`` (no body, no Origin) is answered right where its bytes are read, without a
+task or the ASGI stack, so a burst of API requests on the event loop cannot hold it up behind their
+handlers. Idle kept-alive connections keep uvicorn's own keep-alive timeout. ``send_buffer`` (bytes, 0: the
 kernel's autotuning, up to ``net.ipv4.tcp_wmem``'s maximum) caps each connection's kernel send buffer,
 so that a stalled reader backs up into the server's own bounded stream buffers sooner.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import http
 import json
 import logging
 import socket
@@ -28,6 +31,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 logger = logging.getLogger("tokenmill.server")
 _RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
+_HEALTH_LINES = (b"GET /health HTTP/1.1\r\n", b"GET /health HTTP/1.0\r\n")
+_HEALTH_MAX_BYTES, _HEALTH_MAX_LINES = 4096, 32
+HealthCheck = Callable[[], tuple[int, bytes]]
 
 
 def _timeout_response() -> bytes:
@@ -42,8 +48,10 @@ class GuardedH11Protocol(H11Protocol):
     """H11Protocol plus a per-request read deadline and a write-stall deadline."""
 
     def __init__(self, *args: Any, read_timeout: float, write_timeout: float, send_buffer: int = 0,
-                 on_timeout: Callable[[str], None] | None = None, **kwargs: Any) -> None:
+                 on_timeout: Callable[[str], None] | None = None, health: HealthCheck | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.health = health
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
         self.send_buffer = send_buffer
@@ -53,10 +61,12 @@ class GuardedH11Protocol(H11Protocol):
 
     @classmethod
     def factory(cls, read_timeout: float, write_timeout: float, send_buffer: int = 0,
-                on_timeout: Callable[[str], None] | None = None) -> Callable[..., GuardedH11Protocol]:
-        """What ``uvicorn.Config(http=...)`` takes: builds the protocol with these settings."""
+                on_timeout: Callable[[str], None] | None = None,
+                health: HealthCheck | None = None) -> Callable[..., GuardedH11Protocol]:
+        """What ``uvicorn.Config(http=...)`` takes: builds the protocol with these settings; ``health``
+        returns the (status, JSON body) of /health."""
         return functools.partial(cls, read_timeout=read_timeout, write_timeout=write_timeout, send_buffer=send_buffer,
-                                 on_timeout=on_timeout)
+                                 on_timeout=on_timeout, health=health)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -71,9 +81,50 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._is_plain_health_check(data):
+            self._answer_health(data)
+            return
         if self._read_deadline is None and self.conn.their_state is h11.IDLE:
             self._arm_read()  # the first bytes of the next request on a kept-alive connection
         super().data_received(data)
+
+    def _is_plain_health_check(self, data: bytes) -> bool:
+        """One whole small ``GET /health`` with no body and no Origin (CORS), on an idle connection."""
+        if self.health is None or len(data) > _HEALTH_MAX_BYTES or not data.startswith(_HEALTH_LINES) or \
+                not data.endswith(b"\r\n\r\n") or data.count(b"\r\n") > _HEALTH_MAX_LINES:
+            return False  # anything unusual (many headers, a body) takes the full stack and its limits
+        if self.conn.our_state is not h11.IDLE or self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
+            return False
+        lowered = data.lower()
+        return data.count(b"\r\n\r\n") == 1 and not any(
+            name in lowered for name in (b"\norigin:", b"\ncontent-length:", b"\ntransfer-encoding:", b"\nupgrade:"))
+
+    def _answer_health(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        self._disarm_read()
+        self.conn.receive_data(data)
+        try:
+            request = self.conn.next_event()
+            end = self.conn.next_event()
+        except h11.RemoteProtocolError:
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        assert isinstance(request, h11.Request) and isinstance(end, h11.EndOfMessage), (request, end)
+        status, body = self.health()
+        headers = [(b"content-length", str(len(body)).encode())]
+        if body:
+            headers.append((b"content-type", b"application/json"))
+        output = self.conn.send(h11.Response(status_code=status, headers=headers,
+                                            reason=http.HTTPStatus(status).phrase.encode()))
+        output += self.conn.send(h11.Data(data=body)) if body else b""
+        output += self.conn.send(h11.EndOfMessage())
+        self.transport.write(output)
+        self.server_state.total_requests += 1
+        if self.conn.our_state is h11.MUST_CLOSE:
+            self.transport.close()
+            return
+        self.conn.start_next_cycle()
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def handle_events(self) -> None:
         super().handle_events()

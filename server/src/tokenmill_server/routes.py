@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 import tokenmill
 from tokenmill_server.conversation import openai_conversation, template_options
@@ -38,11 +38,8 @@ _ERRORS = {code: {"description": text} for code, text in
 @router.get("/health", responses={503: {"description": "Shutting down, or the engine stopped"}})
 async def health(request: Request) -> Response:
     """200 (empty) while the engine runs and the server accepts requests, else 503."""
-    state = server_state(request)
-    if state.healthy:
-        return Response(status_code=200)
-    reason = "shutting down" if state.draining else "engine stopped"
-    return JSONResponse({"status": reason}, status_code=503)
+    status, body = server_state(request).health()
+    return Response(body, status_code=status, media_type="application/json" if body else None)
 
 
 @router.get("/version")

@@ -117,7 +117,7 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
 
             grpc = await start_grpc_server(state, settings)
         http = GuardedH11Protocol.factory(settings.request_read_timeout, settings.write_timeout,
-                                          settings.socket_send_buffer, state.metrics.connection_timed_out)
+                                          settings.socket_send_buffer, state.metrics.connection_timed_out, state.health)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http, lifespan="off",
                                 log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=5,
                                 access_log=False)

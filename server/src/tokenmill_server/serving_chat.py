@@ -68,13 +68,12 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
     if body.reasoning_effort is not None:
         options["reasoning_effort"] = body.reasoning_effort  # a template variable, as in vLLM
     engine = state.engine
-    with engine_errors(state.metrics):
-        engine.check_admission(body.n)
     conversation = openai_conversation(body.messages)
-    with engine_errors():
-        text, ids = await engine.render_chat(conversation, **options)
-    if body.add_special_tokens:
-        ids = await engine.encode(text, add_special_tokens=True)
+    with state.admission(body.n):
+        with engine_errors():
+            text, ids = await engine.render_chat(conversation, **options)
+        if body.add_special_tokens:
+            ids = await engine.encode(text, add_special_tokens=True)
     max_tokens = body.output_limit()
     check_context(len(ids), max_tokens, state.model)
     default_limit = state.model.generation_defaults.get("max_tokens")

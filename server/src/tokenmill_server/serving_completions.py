@@ -91,9 +91,8 @@ async def create_completion(body: CompletionRequest, http: Request) -> Response:
     if len(prompts) > state.limits.max_prompts:
         raise bad_request(f"At most {state.limits.max_prompts} prompts are allowed per request, got {len(prompts)}.",
                           "prompt")
-    with engine_errors(state.metrics):
-        state.engine.check_admission(len(prompts) * (body.best_of or body.n))
-    tokenized = [await _tokenize(state, prompt, body) for prompt in prompts]
+    with state.admission(len(prompts) * (body.best_of or body.n)):
+        tokenized = [await _tokenize(state, prompt, body) for prompt in prompts]
     score_only = body.max_tokens == 0
     for _, ids in tokenized:
         check_context(len(ids), None if score_only else body.max_tokens, state.model)

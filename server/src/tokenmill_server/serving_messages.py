@@ -85,9 +85,8 @@ async def create_message(body: MessagesRequest, http: Request) -> Response:
     name = check_model(body.model, state.model)
     _check_features(body)
     params = _sampling_params(body, state)
-    with engine_errors(state.metrics):
-        state.engine.check_admission(1)
-    text, ids = await _render(state, body)
+    with state.admission(1):
+        text, ids = await _render(state, body)
     check_context(len(ids), body.max_tokens, state.model)
     message_id = new_request_id("msg").replace("-", "_")
     with engine_errors(state.metrics):

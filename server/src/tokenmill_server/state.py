@@ -3,7 +3,10 @@ and whether the server is draining. Stored on ``app.state.server``."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +15,7 @@ from starlette.requests import Request
 from tokenmill.engine.async_llm import AsyncLLM
 from tokenmill_server.errors import ApiError, bad_request, unavailable
 from tokenmill_server.event_stream import StreamBudget
+from tokenmill_server.generation import engine_errors
 from tokenmill_server.metrics import ServerMetrics
 from tokenmill_server.sampling import ModelLimits, RequestLimits
 
@@ -34,6 +38,19 @@ class ServerState:
     max_stream_buffer_bytes: int = 1 << 20
     started: float = field(default_factory=time.time)
     draining: bool = False
+    tokenizing: int = 0  # sequences of admitted requests not yet handed to the engine
+
+    @contextlib.contextmanager
+    def admission(self, num_sequences: int) -> Iterator[None]:
+        """503 if ``num_sequences`` more would overfill the engine's queue, counting requests still
+        being tokenized (a burst is refused before it tokenizes); the block keeps their place."""
+        with engine_errors(self.metrics):
+            self.engine.check_admission(self.tokenizing + num_sequences)
+        self.tokenizing += num_sequences
+        try:
+            yield
+        finally:
+            self.tokenizing -= num_sequences
 
     def stream_budget(self, path: str) -> StreamBudget:
         """The unsent-output bound of one event stream on ``path``."""
@@ -55,6 +72,13 @@ class ServerState:
     @property
     def healthy(self) -> bool:
         return not self.draining and not self.engine.is_dead
+
+    def health(self) -> tuple[int, bytes]:
+        """The status and body of /health: 200 and nothing while serving, else 503 and the reason."""
+        if self.healthy:
+            return 200, b""
+        reason = "shutting down" if self.draining else "engine stopped"
+        return 503, json.dumps({"status": reason}).encode()
 
 
 def server_state(request: Request) -> ServerState:
