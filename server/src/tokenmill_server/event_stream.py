@@ -100,12 +100,17 @@ class _BoundedBuffer:
                 self.frames.append(frame)
                 self._account(len(frame))
                 self.ready.set()
+        except Exception:  # the views turn errors into error events; this is a bug
+            logger.exception("an event stream failed on %s", self.budget.path)
+            raise
         finally:
-            self.done = True
-            self.ready.set()
-            close = getattr(self.content, "aclose", None)
-            if close is not None:
-                await close()  # runs the view's cleanup, which aborts its requests
+            try:
+                close = getattr(self.content, "aclose", None)
+                if close is not None:
+                    await close()  # runs the view's cleanup, which aborts its requests
+            finally:
+                self.done = True
+                self.ready.set()
 
     def _overflow(self) -> None:
         self.budget.gauge.slow_reader_aborted()

@@ -86,10 +86,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: 1MiB)")
     group.add_argument("--request-read-timeout", type=float, default=30.0,
                        help="seconds a client has to send a whole request, headers and body, before the "
-                            "connection gets a 408 and is closed (default: 30)")
+                            "connection gets a 408 and is closed (default: 30; 0: off)")
     group.add_argument("--write-timeout", type=float, default=60.0,
                        help="seconds a response may wait for a client that reads nothing before the connection "
-                            "is closed (default: 60)")
+                            "is closed (default: 60; 0: off)")
     group.add_argument("--socket-send-buffer", default="0",
                        help="cap each connection's kernel send buffer (SO_SNDBUF), e.g. 64KiB (default: 0, "
                             "the kernel's autotuning)")
