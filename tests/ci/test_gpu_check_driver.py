@@ -32,9 +32,9 @@ def test_make_gpu_wheels_downloads_cp312_wheels_into_the_ignored_folder():
     assert ".gpu-wheels/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
-def plan(*argv: str) -> dict[str, gpu_check.Step]:
+def plan(*argv: str, only: list[str] | None = None) -> dict[str, gpu_check.Step]:
     parser_args = gpu_check.argparse.Namespace(dry_run="--dry-run" in argv, work="/tmp/w",
-                                               device="cpu" if "--dry-run" in argv else "cuda")
+                                               device="cpu" if "--dry-run" in argv else "cuda", only=only)
     return {step.name: step for step in gpu_check.plan_steps(parser_args)}
 
 
@@ -55,6 +55,11 @@ def test_the_gpu_plan_runs_the_gpu_lane_compiled_triton_parity_and_throughput():
     assert sum(step.timeout for step in steps.values()) <= 450  # with ~1 minute of setup: within 8.5 minutes
     assert steps["parity:on"].argv[-2:] == ["--graphs", "on"]
     assert steps["throughput:float16"].argv[-2:] == ["--dtype", "float16"]
+
+
+def test_only_keeps_prepare_and_the_named_steps():
+    assert list(plan(only=["gpu-lane", "parity"])) == ["prepare", "gpu-lane", "parity:off", "parity:on"]
+    assert list(plan(only=["parity:on"])) == ["prepare", "parity:on"]
 
 
 def test_the_dry_run_plan_skips_pytest_and_runs_on_the_cpu():
