@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # no -ffast-math: it links crtfastmath, whose constructor flushes subnormals to zero for the whole
@@ -67,3 +68,12 @@ def build_native_library(source: Path, what: str) -> ctypes.CDLL:
         return ctypes.CDLL(str(target))
     except OSError as error:
         raise NativeBuildError(f"loading the {what} failed: {error}") from error
+
+
+def build_failure(load: Callable[[], object]) -> str | None:
+    """Why ``load`` (a plugin's cached library loader) cannot build or load its kernels here, or None."""
+    try:
+        load()
+    except NativeBuildError as error:
+        return str(error)
+    return None

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tokenmill.layers.native_library import NativeBuildError, build_native_library
+from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
@@ -40,11 +40,7 @@ def load_matmul() -> Any:
 
 def native_unavailable() -> str | None:
     """Why the C kernel cannot be built or loaded here, or None."""
-    try:
-        load_matmul()
-    except NativeBuildError as error:
-        return str(error)
-    return None
+    return build_failure(load_matmul)
 
 
 class GGUFPackedCpuKernel(GGUFPackedTorchKernel):

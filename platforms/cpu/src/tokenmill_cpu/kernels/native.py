@@ -10,7 +10,7 @@ import ctypes
 from functools import lru_cache
 from pathlib import Path
 
-from tokenmill.layers.native_library import NativeBuildError, build_native_library
+from tokenmill.layers.native_library import build_failure, build_native_library
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 MAX_HEAD_SIZE = 256
@@ -19,7 +19,7 @@ MAX_GROUP = 64
 
 @lru_cache(maxsize=1)
 def load_library() -> ctypes.CDLL:
-    """The compiled library (built on first use); NativeBuildError with the compiler's message otherwise."""
+    """The compiled library (built on first use); NativeBuildError (core) with the compiler's message otherwise."""
     library = build_native_library(SOURCE, "CPU attention kernel")
     function = library.paged_decode_f32
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -30,8 +30,4 @@ def load_library() -> ctypes.CDLL:
 
 def unavailable_reason() -> str | None:
     """Why the native kernels cannot be used here, or None."""
-    try:
-        load_library()
-    except NativeBuildError as error:
-        return str(error)
-    return None
+    return build_failure(load_library)

@@ -28,7 +28,7 @@ static inline float half_to_float(const uint8_t *p) {
     memcpy(&h, p, 2);
 #if defined(__F16C__)
     return _cvtsh_ss(h);
-#endif
+#else
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
     if (exponent == 0) {
@@ -50,6 +50,7 @@ static inline float half_to_float(const uint8_t *p) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
