@@ -38,25 +38,21 @@ def register_commands(subparsers: Any) -> None:
 def _run_peers(venv: str, model: str, workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """vLLM (on the model exported to an fp32 HF folder) and llama.cpp (on the GGUF itself); a peer
     that is missing or fails is recorded with its exact error."""
-    import os
-    import subprocess
-
     from tokenmill.benchmarks.harness import run_engine
     from tokenmill.benchmarks.hf_export import export_hf_dir
+    from tokenmill.benchmarks.peer_venv import PeerVenv
 
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(python):
-        return {name: {"error": f"{venv} does not exist: run `make bench-peers`"} for name in ("vllm", "llama.cpp")}
+    peers = PeerVenv(venv)
     results: dict[str, dict[str, Any]] = {}
     for name, module in (("vllm", "vllm"), ("llama.cpp", "llama_cpp")):
-        check = subprocess.run([python, "-c", f"import importlib.util,sys; sys.exit(importlib.util.find_spec({module!r}) is None)"])
-        if check.returncode != 0:
-            results[name] = {"error": f"{module} is not installed in {venv}"}
+        missing = peers.missing(module)
+        if missing:
+            results[name] = {"error": missing}
             continue
         peer_model = model
         if name == "vllm" and model.endswith(".gguf"):
             peer_model = export_hf_dir(model)
-        results[name] = run_engine(name, peer_model, workload, {}, python=python)
+        results[name] = run_engine(name, peer_model, workload, {}, python=peers.python)
     return results
 
 
