@@ -1,0 +1,193 @@
+"""``tokenmill bench serve --peers``: vLLM's client command line, its result JSON, the report and its
+ratios, errors recorded for servers that cannot run, and process groups that end whole. No vLLM needed."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from tokenmill.benchmarks.peer_venv import PEERS_DIR, PeerVenv
+from tokenmill_server.bench import bench_command
+from tokenmill_server.bench.comparison_report import build_report, ratios, render
+from tokenmill_server.bench.process_group import ProcessGroup
+from tokenmill_server.bench.serve_comparison import ServeComparison, own_client_figures, vllm_server_env
+from tokenmill_server.bench.serve_workload import ServeWorkload
+from tokenmill_server.bench.vllm_bench_client import client_command, parse_result
+
+# A `vllm bench serve` (0.32) result saved with --save-detailed, per-request lists cut to 3 entries.
+VLLM_RESULT = {
+    "date": "20261130-210232", "endpoint_type": "openai", "backend": "openai", "label": None,
+    "model_id": "SmolLM2-135M-Instruct.Q4_1.gguf", "tokenizer_id": ".cache/bench/SmolLM2-fp32", "num_prompts": 64,
+    "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 64, "duration": 26.883293811999465,
+    "completed": 62, "failed": 2, "total_input_tokens": 7936, "total_output_tokens": 7936,
+    "request_throughput": 2.3062, "request_goodput": None, "output_throughput": 295.2,
+    "total_token_throughput": 590.4, "input_lens": [128, 128, 128], "output_lens": [128, 0, 128],
+    "ttfts": [3.5, 0.0, 3.6], "itls": [[0.1], [], [0.1]], "latencies": [26.7, 0.0, 26.8],
+    "errors": ["", "Traceback (most recent call last):\n  ...\naiohttp.client_exceptions.ServerDisconnectedError", ""],
+    "max_output_tokens_per_s": 704.0, "max_concurrent_requests": 64, "rtfx": 0.0,
+    "mean_ttft_ms": 3545.78, "median_ttft_ms": 3573.19, "std_ttft_ms": 1520.36, "p50_ttft_ms": 3573.19,
+    "p90_ttft_ms": 5551.63, "p99_ttft_ms": 5552.04, "mean_tpot_ms": 182.99, "median_tpot_ms": 182.89,
+    "std_tpot_ms": 11.35, "p50_tpot_ms": 182.89, "p90_tpot_ms": 197.59, "p99_tpot_ms": 201.50,
+    "mean_itl_ms": 182.99, "median_itl_ms": 105.96, "std_itl_ms": 378.90, "p50_itl_ms": 105.96,
+    "p90_itl_ms": 118.78, "p99_itl_ms": 2427.29, "mean_e2el_ms": 26785.56, "median_e2el_ms": 26797.50,
+    "std_e2el_ms": 79.69, "p50_e2el_ms": 26797.50, "p90_e2el_ms": 26876.85, "p99_e2el_ms": 26877.30,
+}
+
+
+def _value(command, flag):
+    return command[command.index(flag) + 1]
+
+
+def test_client_command_is_vllm_bench_serve_under_the_peer_python(tmp_path):
+    peers = PeerVenv(str(tmp_path / "venv"))
+    command = client_command(peers, "http://127.0.0.1:9", "m", "/tok", ServeWorkload(), str(tmp_path))
+    assert command[:2] == [peers.python, os.path.join(PEERS_DIR, "vllm_cli.py")]
+    assert command[2:4] == ["bench", "serve"]
+    expected = {"--backend": "openai", "--endpoint": "/v1/completions", "--base-url": "http://127.0.0.1:9",
+                "--model": "m", "--tokenizer": "/tok", "--dataset-name": "random", "--random-input-len": "128",
+                "--random-output-len": "128", "--num-prompts": "64", "--max-concurrency": "64",
+                "--request-rate": "inf", "--temperature": "0", "--result-dir": str(tmp_path)}
+    assert {flag: _value(command, flag) for flag in expected} == expected
+    assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(command)
+    assert os.path.isfile(command[1])
+
+
+def test_client_command_without_a_concurrency_cap_and_with_a_rate(tmp_path):
+    command = client_command(PeerVenv(), "u", "m", "t", ServeWorkload(max_concurrency=None, request_rate=4.0), "d")
+    assert "--max-concurrency" not in command and _value(command, "--request-rate") == "4.0"
+
+
+def test_parse_result_reads_throughputs_percentiles_and_errors():
+    figures = parse_result(VLLM_RESULT)
+    assert figures["output_tok_s"] == pytest.approx(295.2) and figures["requests_per_s"] == pytest.approx(2.3062)
+    assert (figures["completed"], figures["failed"], figures["total_output_tokens"]) == (62, 2, 7936)
+    assert figures["ttft_ms"] == {"mean": 3545.78, "p50": 3573.19, "p90": 5551.63, "p99": 5552.04}
+    assert figures["e2el_ms"]["p99"] == pytest.approx(26877.30) and figures["peak_output_tok_s"] == 704.0
+    assert figures["errors"] == {"aiohttp.client_exceptions.ServerDisconnectedError": 1}
+    json.dumps(figures)
+
+
+def test_parse_result_names_what_is_missing():
+    with pytest.raises(ValueError, match="lacks 'output_throughput'"):
+        parse_result({k: v for k, v in VLLM_RESULT.items() if k != "output_throughput"})
+
+
+def _measured(output_tok_s, ready_s, ttft_p50):
+    return {"ready_s": ready_s, "output_tok_s": output_tok_s, "requests_per_s": output_tok_s / 128,
+            "total_tok_s": output_tok_s * 2, "ttft_ms": {"p50": ttft_p50}, "tpot_ms": {"p50": 100.0},
+            "e2el_ms": {"p50": 20000.0}, "completed": 64, "failed": 0}
+
+
+def test_report_has_ratios_and_targets_when_both_servers_ran():
+    results = {"tokenmill": _measured(450.0, 18.0, 1000.0), "vllm": _measured(300.0, 120.0, 2000.0)}
+    report = build_report(ServeWorkload(), results, "vllm bench serve")
+    found = report["ratios"]["tokenmill/vllm"]
+    assert found["output_tok_s"] == pytest.approx(1.5) and found["ttft_p50_ms"] == pytest.approx(0.5)
+    assert found["ready_s"] == pytest.approx(0.15)
+    assert [check["met"] for check in report["targets"].values()] == [True, True]
+    assert report["workload"]["request_rate"] == "inf" and report["workload"]["ignore_eos"] is True
+    json.dumps(report)
+    assert "tokenmill/vllm: output_tok_s x1.50" in render(report)
+
+
+def test_report_keeps_a_failed_peer_s_error_and_the_other_figures():
+    error = "vllm server exited with code 1 before it was ready: ... | RuntimeError: no CPU"
+    results = {"tokenmill": _measured(450.0, 25.0, 1000.0), "vllm": {"error": error}}
+    report = build_report(ServeWorkload(), results, "vllm bench serve", ["a note"])
+    assert "ratios" not in report and ratios(results) == {}
+    assert report["servers"]["vllm"]["error"] == error
+    assert list(report["targets"].values()) == [{"measured": 25.0, "met": False}]
+    text = render(report)
+    assert error in text and "450.0 output tok/s" in text and "NOT met" in text and "note: a note" in text
+
+
+def test_a_missing_peer_venv_is_recorded_without_starting_anything(tmp_path):
+    peers = PeerVenv(str(tmp_path / "no-venv"))
+    assert peers.missing("vllm") == f"{tmp_path / 'no-venv'} does not exist: run `make bench-peers`"
+    report = ServeComparison("model.gguf", ServeWorkload(), peers, tmp_path, engines=("vllm",)).run()
+    assert report["servers"] == {"vllm": {"error": peers.missing("vllm")}}
+    assert report["client"] == "tokenmill bench serve" and "vLLM's client could not run" in report["notes"][0]
+
+
+def test_a_module_missing_from_the_peer_venv_is_named(tmp_path):
+    (tmp_path / "bin").mkdir()
+    os.symlink(sys.executable, tmp_path / "bin" / "python")
+    peers = PeerVenv(str(tmp_path))
+    assert peers.missing("json") is None
+    assert peers.missing("no_such_module_here") == f"no_such_module_here is not installed in {tmp_path}"
+
+
+def test_a_server_that_dies_before_it_is_ready_is_recorded_with_its_log(tmp_path, monkeypatch):
+    comparison = ServeComparison("model.gguf", ServeWorkload(), PeerVenv(str(tmp_path / "none")), tmp_path,
+                                 ready_timeout=60, engines=("tokenmill",))
+    crash = [sys.executable, "-c", "import sys; print('loading model.gguf: bad magic'); sys.exit(3)"]
+    monkeypatch.setattr(comparison, "_server", lambda engine, port, peer_model: (crash, {}))
+    report = comparison.run()
+    entry = report["servers"]["tokenmill"]
+    assert entry["error"] == "tokenmill server exited with code 3 before it was ready: loading model.gguf: bad magic"
+    assert "cleanup_error" not in entry and entry["server_log"].endswith("server.log")
+
+
+def test_stop_ends_processes_left_behind_by_a_leader_that_exited(tmp_path):
+    # the leader exits at once, as a crashed server would; its child keeps running in the group
+    group = ProcessGroup(["sh", "-c", "sleep 300 & echo started; exit 0"], tmp_path / "log")
+    assert group.wait(30) == 0
+    assert group.alive(), "the orphaned sleep is still in the group"
+    group.stop(grace=5)
+    assert not group.alive()
+    assert group.log_tail() == "started"
+
+
+def test_context_manager_ends_a_running_group_with_its_children(tmp_path):
+    with ProcessGroup(["sh", "-c", "sleep 300 & sleep 300 & wait"], tmp_path / "log") as group:
+        assert group.returncode() is None
+    assert not group.alive() and group.returncode() is not None
+
+
+def test_wait_past_its_timeout_ends_the_group_and_says_so(tmp_path):
+    group = ProcessGroup(["sh", "-c", "echo waiting; sleep 300"], tmp_path / "log")
+    deadline = time.monotonic() + 30
+    while "waiting" not in group.log_tail() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError, match="did not finish within 0 s: waiting"):
+        group.wait(0.2)
+    assert not group.alive()
+
+
+def test_log_tail_skips_noise(tmp_path):
+    (tmp_path / "log").write_text("real error\nnanobind: leaked 4 instances!\n - leaked type x\n")
+    group = ProcessGroup(["true"], tmp_path / "other.log")
+    group.wait(30)
+    group.log_path = tmp_path / "log"
+    assert group.log_tail(ignore=("nanobind:", "- leaked")) == "real error"
+    group.stop()
+
+
+def test_own_client_report_maps_onto_the_same_names():
+    ours = {"completed": 64, "failed": 0, "errors": {}, "duration_s": 20.0, "requests_per_s": 3.2,
+            "output_tokens_per_s": 409.6, "input_tokens_per_s": 409.6, "total_output_tokens": 8192,
+            "ttft_ms": {"p50": 1.0}, "tpot_ms": {"p50": 2.0}, "itl_ms": {"p50": 3.0}, "e2e_latency_ms": {"p50": 4.0}}
+    figures = own_client_figures(ours)
+    assert figures["output_tok_s"] == 409.6 and figures["total_tok_s"] == 819.2 and figures["e2el_ms"] == {"p50": 4.0}
+
+
+def test_vllm_server_env_binds_every_core_but_keeps_the_user_s_choice(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    env = vllm_server_env()
+    cpus = sorted(os.sched_getaffinity(0))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"].startswith(str(cpus[0])) and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_peers_refuses_a_base_url_and_unknown_engines(capsys):
+    import argparse
+
+    root = argparse.ArgumentParser()
+    bench_command.add_parser(root.add_subparsers())
+    args = root.parse_args(["bench", "serve", "--peers", "--base-url", "http://127.0.0.1:8000"])
+    assert args.func(args) == 2 and "drop --base-url" in capsys.readouterr().err
+    args = root.parse_args(["bench", "serve", "--peers", "--engines", "tokenmill,tgi"])
+    assert args.func(args) == 2 and "--engines takes" in capsys.readouterr().err
