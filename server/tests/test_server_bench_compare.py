@@ -11,7 +11,7 @@ import pytest
 from tokenmill.benchmarks.peer_venv import PEERS_DIR, PeerVenv
 from tokenmill_server.bench import bench_command
 from tokenmill_server.bench.comparison_report import build_report, ratios, render
-from tokenmill_server.bench.process_group import ProcessGroup
+from tokenmill_server.bench.process_group import ProcessGroup, exit_on_sigterm
 from tokenmill_server.bench.serve_comparison import ServeComparison, own_client_figures, vllm_server_env
 from tokenmill_server.bench.serve_workload import ServeWorkload
 from tokenmill_server.bench.vllm_bench_client import client_command, parse_result
@@ -154,6 +154,21 @@ def test_wait_past_its_timeout_ends_the_group_and_says_so(tmp_path):
     with pytest.raises(RuntimeError, match="did not finish within 0 s: waiting"):
         group.wait(0.2)
     assert not group.alive()
+
+
+def test_sigterm_unwinds_through_finally_so_groups_are_ended(tmp_path):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    group = ProcessGroup(["sleep", "300"], tmp_path / "log")
+    with pytest.raises(SystemExit) as exited, exit_on_sigterm():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            group.stop()
+    assert exited.value.code == 128 + signal.SIGTERM and not group.alive()
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_log_tail_skips_noise(tmp_path):

@@ -74,6 +74,7 @@ def run_peers(args: argparse.Namespace) -> int:
 
     from tokenmill.benchmarks.peer_venv import PeerVenv
     from tokenmill_server.bench.comparison_report import render
+    from tokenmill_server.bench.process_group import exit_on_sigterm
     from tokenmill_server.bench.serve_comparison import ENGINES, ServeComparison
     from tokenmill_server.bench.serve_workload import ServeWorkload
 
@@ -101,7 +102,8 @@ def run_peers(args: argparse.Namespace) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="tokenmill-bench-serve-")
     comparison = ServeComparison(model, workload, PeerVenv(args.peer_venv), work_dir, ready_timeout=args.ready_timeout,
                                  client_timeout=args.timeout, extra_args=extra, engines=engines)
-    report = comparison.run()
+    with exit_on_sigterm():
+        report = comparison.run()
     report["work_dir"] = work_dir
     print(render(report))
     _write(report, args.output)

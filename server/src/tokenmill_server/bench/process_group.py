@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -98,6 +100,20 @@ class ProcessGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Within the block SIGTERM raises SystemExit, so ``finally`` clauses (which end process groups) run."""
+
+    def _raise(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _has_members(pgid: int) -> bool:
