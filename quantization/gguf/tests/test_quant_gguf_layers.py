@@ -164,6 +164,26 @@ def test_is_quantized_only_for_layers_in_the_file(layer_file):
     assert not quantizer.is_quantized(LinearSpec("lm_head", HIDDEN, 100, (100,), False, "float32"))
 
 
+@pytest.mark.parametrize("embedding_type, head_stored, mode, expected", [
+    (T.Q8_0, False, "packed", True),
+    (T.Q8_0, False, "dequantize", False),
+    (T.Q8_0, False, "auto", False),
+    (T.F16, False, "packed", False),  # a float embedding is shared, not copied
+    (T.Q8_0, True, "packed", False),  # an untied head has its own output.weight
+])
+def test_a_tied_head_is_packed_only_from_a_quantized_embedding(gguf_fixtures, rng, embedding_type, head_stored,
+                                                                mode, expected):
+    vocab = 64
+    values = rng.standard_normal((vocab, HIDDEN)).astype(np.float32)
+    tensors = {"token_embd.weight": (gguf_fixtures.encode(values, embedding_type, rng), embedding_type)}
+    if head_stored:
+        tensors["output.weight"] = (gguf_fixtures.encode(values, T.Q8_0, rng), T.Q8_0)
+    quantizer = GGUFQuantizer(gguf_fixtures.write(tensors), mode)
+    head = LinearSpec("lm_head", HIDDEN, vocab, (vocab,), False, "float32")
+    assert quantizer.quantizes_tied_lm_head(head) is expected
+    assert quantizer.is_quantized(head)  # either way the file holds the head's rows
+
+
 def test_shape_mismatch_names_the_tensor(layer_file):
     quantizer = GGUFQuantizer(layer_file)
     wrong = LinearSpec(SPECS["down"].prefix, INTER, 2 * HIDDEN, (2 * HIDDEN,), False, "float32")

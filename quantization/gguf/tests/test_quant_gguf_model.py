@@ -1,5 +1,5 @@
-"""Tiny GGUF models (untied head, q/k/v of mixed ggml types, qwen2 biases) run through tokenmill's
-model in both layouts, against transformers' forward on its own load of the same file."""
+"""Tiny GGUF models (untied and tied heads, q/k/v of mixed ggml types, qwen2 biases) run through
+tokenmill's model in both layouts, against transformers' forward on its own load of the same file."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ def _harness():
 
 @pytest.mark.parametrize("arch, config", [
     ("llama", lambda: LlamaConfig(**COMMON, tie_word_embeddings=False)),
+    ("llama", lambda: LlamaConfig(**COMMON, tie_word_embeddings=True)),
     ("qwen2", lambda: Qwen2Config(**COMMON, tie_word_embeddings=False)),
-])
+], ids=["llama", "llama-tied", "qwen2"])
 @pytest.mark.parametrize("mode", ["dequantize", "packed"])
 def test_tokenmill_matches_transformers_on_the_same_gguf(gguf_fixtures, arch, config, mode):
     torch.manual_seed(0)
@@ -54,8 +55,14 @@ def test_tokenmill_matches_transformers_on_the_same_gguf(gguf_fixtures, arch, co
     model = build_model(quantizer.hf_config(path), build)
     load_weights(model, path, quantizer)
     kernel = "gguf-dequantized" if mode == "dequantize" else "gguf-packed-torch"
-    assert build.kernel_summary() == {kernel: 9}  # 4 per layer and the untied head
+    tied = quantizer.hf_config(path)["tie_word_embeddings"]
+    if tied and mode == "dequantize":  # the head shares the embedding's float matrix
+        assert build.kernel_summary() == {kernel: 8, "torch-linear": 1}
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    else:  # 4 per layer and the head (a tied one reads the embedding's Q8_0 blocks)
+        assert build.kernel_summary() == {kernel: 9}
     if mode == "packed":
+        assert [t.name for _, _, t in model.lm_head.gguf_segments] == ["Q8_0"]
         qkv = model.model.layers[0].self_attn.qkv_proj
         assert [t.name for _, _, t in qkv.gguf_segments] == ["Q5_1", "Q8_0"]
 

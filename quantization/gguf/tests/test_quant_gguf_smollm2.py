@@ -120,7 +120,9 @@ def _prefill_logits(model, tokens):
 @pytest.mark.parametrize("mode, kernel", [("dequantize", "gguf-dequantized"), ("packed", "gguf-packed-torch")])
 def test_tokenmill_model_matches_hf_logits(tokenmill_models, hf_reference, mode, kernel):
     model, build = tokenmill_models(mode)
-    assert build.kernel_summary() == {kernel: 120, "torch-linear": 1}  # 4 per layer; the tied head is full precision
+    # 4 per layer; the tied head shares the float embedding, or in the packed layout reads its Q8_0 blocks
+    expected = {kernel: 120, "torch-linear": 1} if mode == "dequantize" else {kernel: 121}
+    assert build.kernel_summary() == expected
     tokens = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11, 2, 198, 1, 4093, 198]
     with torch.inference_mode():
         want = hf_reference(input_ids=torch.tensor([tokens])).logits[0]

@@ -93,8 +93,11 @@ class ModelBuildContext:
 
     def lm_head(self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None,
                 prefix: str = "lm_head") -> LMHead:
-        """The output projection; with ``tied_to`` it shares the embedding's weight (unquantized)."""
+        """The output projection; with ``tied_to`` it shares the embedding's weight (unquantized),
+        unless the quantizer keeps its own copy of a tied head (``quantizes_tied_lm_head``)."""
         spec = LinearSpec(prefix, hidden_size, vocab_size, (vocab_size,), False, self.dtype_name)
+        if tied_to is not None and self.quantizer is not None and self.quantizer.quantizes_tied_lm_head(spec):
+            tied_to = None
         quantizer, kernel = self._linear_parts(spec, quantized=tied_to is None)
         return LMHead(spec, quantizer, kernel, tied_to=tied_to)
 

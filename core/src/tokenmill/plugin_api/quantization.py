@@ -90,6 +90,13 @@ class Quantizer:
         Optional; default True."""
         return True
 
+    def quantizes_tied_lm_head(self, spec: LinearSpec) -> bool:
+        """Whether an ``lm_head`` tied to the input embedding gets its own weights in this format
+        (``create_weights`` with ``spec``, loaded from ``weights``) instead of sharing the embedding's
+        float matrix, e.g. GGUF's packed layout reading the embedding's blocks. Optional (since plugin
+        API 1.2); default False."""
+        return False
+
     def create_weights(self, layer: Any, spec: LinearSpec) -> None:
         """Register ``layer``'s parameters (as ``torch.nn.Parameter`` with ``requires_grad=False``)
         under the names the checkpoint uses. A parameter that is concatenated across fused shards

@@ -1,6 +1,8 @@
 """The version of the plugin contract, separate from tokenmill's own release version."""
 
-PLUGIN_API_VERSION: tuple[int, int] = (1, 1)  # 1.1: optional Quantizer.quantize_checkpoint, Platform.create_graph, AttentionCapabilities.graph_capture
+# 1.1: optional Quantizer.quantize_checkpoint, Platform.create_graph, AttentionCapabilities.graph_capture
+# 1.2: optional Quantizer.quantizes_tied_lm_head
+PLUGIN_API_VERSION: tuple[int, int] = (1, 2)
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:

@@ -8,7 +8,9 @@ Two layouts for linear layers:
   dequantizes them inside each matmul (``GGUFPackedTorchKernel``; on CPUs ``GGUFPackedCpuKernel``
   reads Q4_0/Q4_1/Q8_0 blocks in place for decode steps, 4.5 bits a weight instead of 32). A fused layer (q/k/v, gate/up)
   stacks its shards' rows; shards of different ggml types are zero-padded to the widest row and
-  ``layer.gguf_segments`` records each row range's type.
+  ``layer.gguf_segments`` records each row range's type. An ``lm_head`` tied to a quantized
+  embedding (no ``output.weight`` in the file) gets its own packed copy of the embedding's blocks,
+  so a decode step reads e.g. Q8_0 vocabulary rows instead of their float32 expansion.
 
 The mode comes from ``TOKENMILL_GGUF_MODE`` or ``quantization_config["gguf_mode"]`` ("auto" when
 neither is set). In ``auto`` each layer follows the kernel core selected for it (its
@@ -39,6 +41,7 @@ MODES = ("auto", "dequantize", "packed")
 
 # Fused linear layers of the llama family and the checkpoint modules they stack (vLLM's convention).
 _FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_HEAD, _EMBEDDING = "lm_head.weight", "token_embd.weight"
 
 
 class GGUFQuantizer(Quantizer):
@@ -87,7 +90,15 @@ class GGUFQuantizer(Quantizer):
     def is_quantized(self, spec: LinearSpec) -> bool:
         """True when the file stores the layer (False e.g. for an ``lm_head`` tied to the embedding)."""
         checkpoint = self._require_checkpoint()
-        return all(checkpoint.gguf_name(name) is not None for name in _shard_weight_names(spec))
+        return all(_gguf_name(checkpoint, name) is not None for name in _shard_weight_names(spec))
+
+    def quantizes_tied_lm_head(self, spec: LinearSpec) -> bool:
+        """In the packed layout, a head tied to a quantized embedding reads the embedding's blocks."""
+        checkpoint = self._require_checkpoint()
+        if self.mode != "packed" or _shard_weight_names(spec) != [_HEAD] or checkpoint.gguf_name(_HEAD) is not None:
+            return False
+        info = checkpoint.file.tensors.get(_EMBEDDING)
+        return info is not None and not info.ggml_type.is_float
 
     def create_weights(self, layer: Any, spec: LinearSpec) -> None:
         """Register ``weight`` (dequantize layout) or ``qweight`` + ``gguf_segments`` (packed layout),
@@ -126,6 +137,8 @@ class GGUFQuantizer(Quantizer):
                 yield hf_name.removesuffix("weight") + "qweight", checkpoint.packed(gguf_name)
             else:
                 yield hf_name, checkpoint.dequantized(gguf_name)
+        if _HEAD in self._packed and checkpoint.gguf_name(_HEAD) is None:
+            yield "lm_head.qweight", checkpoint.packed(_EMBEDDING)
 
     def hf_config(self, model_path: str) -> dict[str, Any]:
         """The transformers config dict derived from the GGUF metadata (as transformers does)."""
@@ -163,7 +176,7 @@ class GGUFQuantizer(Quantizer):
 
     @staticmethod
     def _shard_tensor(checkpoint: GGUFCheckpoint, hf_name: str, spec: LinearSpec, rows: int) -> Any:
-        gguf_name = checkpoint.gguf_name(hf_name)
+        gguf_name = _gguf_name(checkpoint, hf_name)
         if gguf_name is None:
             raise ValueError(f"{checkpoint.path}: no GGUF tensor for {hf_name!r} (layer {spec.prefix})")
         info = checkpoint.file.tensors[gguf_name]
@@ -173,6 +186,14 @@ class GGUFQuantizer(Quantizer):
                 f"but layer {spec.prefix} expects {(rows, spec.in_features)} for {hf_name!r}"
             )
         return info
+
+
+def _gguf_name(checkpoint: GGUFCheckpoint, hf_name: str) -> str | None:
+    """The GGUF tensor of a layer's weight; a tied ``lm_head`` (no ``output.weight``) reads the embedding."""
+    gguf_name = checkpoint.gguf_name(hf_name)
+    if gguf_name is None and hf_name == _HEAD and _EMBEDDING in checkpoint.file.tensors:
+        return _EMBEDDING
+    return gguf_name
 
 
 def _shard_weight_names(spec: LinearSpec) -> list[str]:

@@ -9,12 +9,14 @@
  * Each block is expanded to the exact float32 weights that dequantizing at load would give, then
  * multiplied into up to ROWS rows of x at once; only the order of the sums differs from x @ W.T.
  * Decoding is bound by memory bandwidth, and 4.5 bits per weight read instead of 32 is the point.
- * OpenMP splits the output columns (weight rows) across threads.
+ * OpenMP splits the output columns (weight rows) across threads. weight_row exists three times: with
+ * AVX-512F or AVX2+FMA intrinsics (GCC 12 scalarises byte-vector conversions written with vector
+ * extensions: Q8_0 rows ran 7x slower), and in portable vector extensions for other CPUs.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -53,6 +55,101 @@ static inline float half_to_float(const uint8_t *p) {
 #endif
 }
 
+#if defined(__AVX512F__)
+/* One weight row against `rows` rows of x (x86 with AVX-512F): sum_b d_b * dot_b(q, x) +
+ * m_b * sum_b(x), where x_sums holds each row's per-block sums of x ([rows][K / 32]). */
+static inline __attribute__((always_inline)) void weight_row(const float *x, const float *x_sums, int64_t rows,
+                                                               int64_t K, const uint8_t *row, int64_t block_bytes,
+                                                               int type, float *y, int64_t y_stride) {
+    const int64_t blocks = K / BLOCK;
+    const __m128i nibble = _mm_set1_epi8(15);
+    __m512 acc[ROWS];
+    float offsets[ROWS];
+    for (int64_t m = 0; m < rows; ++m) {
+        acc[m] = _mm512_setzero_ps();
+        offsets[m] = 0.0f;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t *block = row + b * block_bytes;
+        const __m512 d = _mm512_set1_ps(half_to_float(block));
+        __m512 low, high;
+        if (type == Q8_0) {
+            low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2))));
+            high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 18))));
+        } else {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(block + (type == Q4_1 ? 4 : 2)));
+            low = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, nibble)));
+            high = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble)));
+        }
+        for (int64_t m = 0; m < rows; ++m) {
+            const float *xb = x + m * K + b * BLOCK;
+            const __m512 dot = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(low, _mm512_loadu_ps(xb)));
+            acc[m] = _mm512_fmadd_ps(dot, d, acc[m]);
+        }
+        if (type != Q8_0) {
+            const float min = type == Q4_1 ? half_to_float(block + 2) : -8.0f * half_to_float(block);
+            for (int64_t m = 0; m < rows; ++m) offsets[m] += min * x_sums[m * blocks + b];
+        }
+    }
+    for (int64_t m = 0; m < rows; ++m) y[m * y_stride] = offsets[m] + _mm512_reduce_add_ps(acc[m]);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* Eight float lanes of bytes 0-7 of `bytes`, zero- or sign-extended. */
+#define U8_LANES(bytes) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes))
+#define S8_LANES(bytes) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
+
+/* One weight row against `rows` rows of x (x86 with AVX2 and FMA): sum_b d_b * dot_b(q, x) +
+ * m_b * sum_b(x), where x_sums holds each row's per-block sums of x ([rows][K / 32]). */
+static inline __attribute__((always_inline)) void weight_row(const float *x, const float *x_sums, int64_t rows,
+                                                               int64_t K, const uint8_t *row, int64_t block_bytes,
+                                                               int type, float *y, int64_t y_stride) {
+    const int64_t blocks = K / BLOCK;
+    const __m128i nibble = _mm_set1_epi8(15);
+    __m256 acc[ROWS];
+    float offsets[ROWS];
+    for (int64_t m = 0; m < rows; ++m) {
+        acc[m] = _mm256_setzero_ps();
+        offsets[m] = 0.0f;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t *block = row + b * block_bytes;
+        const __m256 d = _mm256_set1_ps(half_to_float(block));
+        __m256 q[4];
+        if (type == Q8_0) {
+            const __m128i first = _mm_loadu_si128((const __m128i *)(block + 2));
+            const __m128i second = _mm_loadu_si128((const __m128i *)(block + 18));
+            q[0] = S8_LANES(first);
+            q[1] = S8_LANES(_mm_srli_si128(first, 8));
+            q[2] = S8_LANES(second);
+            q[3] = S8_LANES(_mm_srli_si128(second, 8));
+        } else {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(block + (type == Q4_1 ? 4 : 2)));
+            const __m128i low = _mm_and_si128(bytes, nibble), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+            q[0] = U8_LANES(low);
+            q[1] = U8_LANES(_mm_srli_si128(low, 8));
+            q[2] = U8_LANES(high);
+            q[3] = U8_LANES(_mm_srli_si128(high, 8));
+        }
+        for (int64_t m = 0; m < rows; ++m) {
+            const float *xb = x + m * K + b * BLOCK;
+            __m256 dot = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+            dot = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), dot);
+            dot = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), dot);
+            dot = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), dot);
+            acc[m] = _mm256_fmadd_ps(dot, d, acc[m]);
+        }
+        if (type != Q8_0) {
+            const float min = type == Q4_1 ? half_to_float(block + 2) : -8.0f * half_to_float(block);
+            for (int64_t m = 0; m < rows; ++m) offsets[m] += min * x_sums[m * blocks + b];
+        }
+    }
+    for (int64_t m = 0; m < rows; ++m) {
+        const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+        const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        y[m * y_stride] = offsets[m] + _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+    }
+}
+#else
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint8_t v16u8 __attribute__((vector_size(16), aligned(1)));
@@ -81,7 +178,7 @@ static inline __attribute__((always_inline)) void block_quants(const uint8_t *qs
     *high = __builtin_convertvector(__builtin_convertvector(bytes >> 4, v16i), v16f);
 }
 
-/* One weight row against `rows` rows of x: sum_b dot_b(q * d_b, x) + m_b * sum_b(x), where x_sums
+/* One weight row against `rows` rows of x (portable vector extensions): sum_b dot_b(q * d_b, x) + m_b * sum_b(x), where x_sums
  * holds each row's per-block sums of x ([rows][K / 32]). */
 static inline __attribute__((always_inline)) void weight_row(const float *x, const float *x_sums, int64_t rows,
                                                                int64_t K, const uint8_t *row, int64_t block_bytes,
@@ -114,6 +211,7 @@ static inline __attribute__((always_inline)) void weight_row(const float *x, con
         y[m * y_stride] = s;
     }
 }
+#endif
 
 static int64_t block_bytes_of(int type) {
     return type == Q8_0 ? 34 : type == Q4_1 ? 20 : 18;
