@@ -33,6 +33,14 @@ class PeerVenv:
             return f"{self.python} failed (exit code {check.returncode}): {check.stderr.strip()[-500:]}"
         return None
 
+    def version(self, distribution: str) -> str | None:
+        """The installed version of ``distribution`` in this venv, or None when it is not installed."""
+        check = subprocess.run([self.python, "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            return None
+        return check.stdout.strip() or None
+
     def script_command(self, script: str, *args: str) -> list[str]:
         """The command that runs the standalone peer script ``script`` (a file in ``peers/``) here."""
         return [self.python, os.path.join(PEERS_DIR, script), *args]

