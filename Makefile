@@ -56,9 +56,9 @@ bench-peers: install $(BENCH_VENV)/.installed
 	$(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2.json
 	# W2 again with tokenmill reading the GGUF's 4-bit blocks in place (llama.cpp reads the same file)
 	TOKENMILL_GGUF_MODE=packed $(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2-gguf-packed.json
-	# Serving: tokenmill's server, then vLLM's, each started here and loaded by vLLM's `vllm bench serve`
+	# Serving: tokenmill's server, then vLLM's, each started here and loaded 3 times by vLLM's `vllm bench serve`
 	$(VENV)/bin/tokenmill bench serve --peers --num-prompts 64 --input-len 128 --output-len 128 \
-		--max-concurrency 64 --output bench-serve-peers.json
+		--max-concurrency 64 --runs 3 --output bench-serve-peers.json
 
 # Serving benchmark against a running server (start one with `make serve` in another terminal).
 bench-serve: install

@@ -10,7 +10,8 @@ import pytest
 
 from tokenmill.benchmarks.peer_venv import PEERS_DIR, PeerVenv
 from tokenmill_server.bench import bench_command
-from tokenmill_server.bench.comparison_report import build_report, ratios, render
+from tokenmill_server.bench import serve_comparison
+from tokenmill_server.bench.comparison_report import build_report, median_run, ratios, render
 from tokenmill_server.bench.process_group import ProcessGroup, exit_on_sigterm
 from tokenmill_server.bench.serve_comparison import ServeComparison, own_client_figures, vllm_server_env
 from tokenmill_server.bench.serve_workload import ServeWorkload
@@ -130,6 +131,28 @@ def test_a_server_that_dies_before_it_is_ready_is_recorded_with_its_log(tmp_path
     entry = report["servers"]["tokenmill"]
     assert entry["error"] == "tokenmill server exited with code 3 before it was ready: loading model.gguf: bad magic"
     assert "cleanup_error" not in entry and entry["server_log"].endswith("server.log")
+
+
+def test_each_server_is_loaded_runs_times_and_its_median_run_kept(tmp_path, monkeypatch):
+    comparison = ServeComparison("model.gguf", ServeWorkload(), PeerVenv(str(tmp_path / "none")), tmp_path,
+                                 engines=("tokenmill",), runs=3)
+    groups = []
+
+    class RecordedGroup(ProcessGroup):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            groups.append(self)
+
+    monkeypatch.setattr(serve_comparison, "ProcessGroup", RecordedGroup)
+    monkeypatch.setattr(comparison, "_server", lambda engine, port, peer_model: (["sleep", "300"], {}))
+    monkeypatch.setattr(serve_comparison, "wait_until_serving", lambda group, url, timeout, name: (2.5, "m"))
+    figures = iter([_measured(300.0, 0, 1.0), _measured(450.0, 0, 2.0), _measured(400.0, 0, 3.0)])
+    monkeypatch.setattr(comparison, "_load", lambda *args: {**next(figures), "duration_s": 20.0})
+    entry = comparison.run()["servers"]["tokenmill"]
+    assert entry["ready_s"] == 2.5 and entry["output_tok_s"] == 400.0 and entry["ttft_ms"] == {"p50": 3.0}
+    assert [run["output_tok_s"] for run in entry["runs"]] == [300.0, 450.0, 400.0]
+    assert len(groups) == 1 and not groups[0].alive()
+    assert median_run([{"output_tok_s": 2.0}, {"output_tok_s": 1.0}]) == {"output_tok_s": 2.0}
 
 
 def test_stop_ends_processes_left_behind_by_a_leader_that_exited(tmp_path):

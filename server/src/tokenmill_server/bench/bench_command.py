@@ -51,6 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     peers.add_argument("--peers", action="store_true", help="run the side-by-side comparison instead of loading --base-url")
     peers.add_argument("--peer-venv", default=".bench-venv", help="virtual environment holding vLLM (default: %(default)s)")
     peers.add_argument("--engines", default="tokenmill,vllm", help="with --peers: servers to run (default: %(default)s)")
+    peers.add_argument("--runs", type=int, default=1,
+                       help="with --peers: load each server this many times and report its median run (default: %(default)s)")
     peers.add_argument("--ready-timeout", type=float, default=600.0,
                        help="with --peers: seconds a server may take to answer (default: %(default)s)")
     peers.add_argument("--tokenmill-args", default="", help="with --peers: extra `tokenmill serve` flags, one string")
@@ -101,7 +103,8 @@ def run_peers(args: argparse.Namespace) -> int:
                              max_concurrency=args.max_concurrency, request_rate=args.request_rate, seed=args.seed)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="tokenmill-bench-serve-")
     comparison = ServeComparison(model, workload, PeerVenv(args.peer_venv), work_dir, ready_timeout=args.ready_timeout,
-                                 client_timeout=args.timeout, extra_args=extra, engines=engines)
+                                 client_timeout=args.timeout, extra_args=extra, engines=engines,
+                                 runs=args.runs)
     with exit_on_sigterm():
         report = comparison.run()
     report["work_dir"] = work_dir

@@ -23,6 +23,19 @@ RATIO_FIGURES = (
 )
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median output tok/s (the upper one of an even count), all of its figures together."""
+    ordered = sorted(runs, key=lambda run: run["output_tok_s"])
+    return ordered[len(ordered) // 2]
+
+
+def run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of one run, for the list of all runs beside the median."""
+    return {"output_tok_s": run["output_tok_s"], "requests_per_s": run["requests_per_s"],
+            "ttft_p50_ms": run.get("ttft_ms", {}).get("p50"), "tpot_p50_ms": run.get("tpot_ms", {}).get("p50"),
+            "duration_s": run["duration_s"], "failed": run["failed"]}
+
+
 def ratios(results: dict[str, dict[str, Any]], engine: str = ENGINE, baseline: str = BASELINE) -> dict[str, float]:
     """``engine``'s figures divided by ``baseline``'s, for the figures both measured (empty if either failed)."""
     ours, theirs = results.get(engine, {}), results.get(baseline, {})
@@ -66,9 +79,12 @@ def _server_line(name: str, result: dict[str, Any]) -> str:
         ready = f"ready {result['ready_s']:.1f} s, then " if "ready_s" in result else ""
         return f"  {name:<10} {ready}error: {result['error']}"
     ttft, tpot = result.get("ttft_ms", {}), result.get("tpot_ms", {})
-    return (f"  {name:<10} ready {result['ready_s']:6.1f} s  {result['output_tok_s']:8.1f} output tok/s  "
+    line = (f"  {name:<10} ready {result['ready_s']:6.1f} s  {result['output_tok_s']:8.1f} output tok/s  "
             f"{result['requests_per_s']:6.2f} req/s  TTFT p50 {ttft.get('p50', 0):8.1f} ms  "
             f"TPOT p50 {tpot.get('p50', 0):7.1f} ms  {result['completed']}/{result['completed'] + result['failed']} ok")
+    if "runs" in result:
+        line += f"  (median of {len(result['runs'])} runs: " + ", ".join(f"{r['output_tok_s']:.1f}" for r in result["runs"]) + ")"
+    return line
 
 
 def render(report: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from tokenmill.benchmarks.peer_venv import PeerVenv
-from tokenmill_server.bench.comparison_report import build_report
+from tokenmill_server.bench.comparison_report import build_report, median_run, run_summary
 from tokenmill_server.bench.process_group import ProcessGroup
 from tokenmill_server.bench.serve_workload import ServeWorkload
 from tokenmill_server.bench.vllm_bench_client import LOG_NOISE, client_env, run_client
@@ -83,11 +83,12 @@ def own_client_figures(report: dict[str, Any]) -> dict[str, Any]:
 
 
 class ServeComparison:
-    """The comparison of ``engines`` on ``workload``; ``run()`` returns the report (see comparison_report)."""
+    """The comparison of ``engines`` on ``workload``, loading each started server ``runs`` times and keeping
+    the median run; ``run()`` returns the report (see comparison_report)."""
 
     def __init__(self, model: str, workload: ServeWorkload, peers: PeerVenv, work_dir: str | Path,
                  ready_timeout: float = 600.0, client_timeout: float = 1800.0,
-                 extra_args: dict[str, list[str]] | None = None, engines: tuple[str, ...] = ENGINES):
+                 extra_args: dict[str, list[str]] | None = None, engines: tuple[str, ...] = ENGINES, runs: int = 1):
         self.model = model
         self.workload = workload
         self.peers = peers
@@ -96,6 +97,7 @@ class ServeComparison:
         self.client_timeout = client_timeout
         self.extra_args = extra_args or {}
         self.engines = engines
+        self.runs = max(1, runs)
 
     def run(self) -> dict[str, Any]:
         """Each engine in turn, one server at a time; never raises for a server that fails."""
@@ -150,12 +152,12 @@ class ServeComparison:
         try:
             entry["load_average_before"] = os.getloadavg()[0]  # other work on the machine skews every figure
             group = ProcessGroup(command, work / "server.log", env=env)
-            entry["ready_s"], entry["model"] = wait_until_serving(group, base_url, self.ready_timeout, f"{engine} server")
-            if client == VLLM_CLIENT:
-                entry.update(run_client(self.peers, base_url, entry["model"], str(peer_model), self.workload, work,
-                                        self.client_timeout))
-            else:
-                entry.update(own_client_figures(self._own_load(base_url, entry["model"])))
+            ready_s, model = wait_until_serving(group, base_url, self.ready_timeout, f"{engine} server")
+            entry.update(ready_s=ready_s, model=model)
+            runs = [self._load(client, base_url, model, peer_model, work / f"run-{i + 1}") for i in range(self.runs)]
+            entry.update({**median_run(runs), "ready_s": ready_s, "model": model})
+            if len(runs) > 1:
+                entry["runs"] = [run_summary(run) for run in runs]
         except Exception as error:  # recorded exactly; the comparison goes on with the next server
             entry["error"] = str(error) if isinstance(error, RuntimeError) else f"{type(error).__name__}: {error}"
         finally:
@@ -164,6 +166,11 @@ class ServeComparison:
                 if group.alive():
                     entry["cleanup_error"] = f"process group {group.pid} still has processes after SIGKILL"
         return entry
+
+    def _load(self, client: str, base_url: str, model: str, peer_model: str | None, work: Path) -> dict[str, Any]:
+        if client == VLLM_CLIENT:
+            return run_client(self.peers, base_url, model, str(peer_model), self.workload, work, self.client_timeout)
+        return own_client_figures(self._own_load(base_url, model))
 
     def _own_load(self, base_url: str, model: str) -> dict[str, Any]:
         from tokenmill_server.bench.serve_load import LoadConfig, run_load
