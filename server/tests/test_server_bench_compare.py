@@ -147,8 +147,15 @@ def test_each_server_is_loaded_runs_times_and_its_median_run_kept(tmp_path, monk
     monkeypatch.setattr(comparison, "_server", lambda engine, port, peer_model: (["sleep", "300"], {}))
     monkeypatch.setattr(serve_comparison, "wait_until_serving", lambda group, url, timeout, name: (2.5, "m"))
     figures = iter([_measured(300.0, 0, 1.0), _measured(450.0, 0, 2.0), _measured(400.0, 0, 3.0)])
-    monkeypatch.setattr(comparison, "_load", lambda *args: {**next(figures), "duration_s": 20.0})
+    seeds = []
+
+    def load(client, base_url, model, peer_model, work, workload):
+        seeds.append(workload.seed)
+        return {**next(figures), "duration_s": 20.0}
+
+    monkeypatch.setattr(comparison, "_load", load)
     entry = comparison.run()["servers"]["tokenmill"]
+    assert seeds == [0, 1, 2], "each run sends new prompts: none is answered from the prefix cache of the last"
     assert entry["ready_s"] == 2.5 and entry["output_tok_s"] == 400.0 and entry["ttft_ms"] == {"p50": 3.0}
     assert [run["output_tok_s"] for run in entry["runs"]] == [300.0, 450.0, 400.0]
     assert len(groups) == 1 and not groups[0].alive()

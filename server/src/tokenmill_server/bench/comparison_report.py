@@ -33,7 +33,7 @@ def run_summary(run: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of one run, for the list of all runs beside the median."""
     return {"output_tok_s": run["output_tok_s"], "requests_per_s": run["requests_per_s"],
             "ttft_p50_ms": run.get("ttft_ms", {}).get("p50"), "tpot_p50_ms": run.get("tpot_ms", {}).get("p50"),
-            "duration_s": run["duration_s"], "failed": run["failed"]}
+            "duration_s": run["duration_s"], "failed": run["failed"], "seed": run.get("seed")}
 
 
 def ratios(results: dict[str, dict[str, Any]], engine: str = ENGINE, baseline: str = BASELINE) -> dict[str, float]:

@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,10 @@ class ServeComparison:
             group = ProcessGroup(command, work / "server.log", env=env)
             ready_s, model = wait_until_serving(group, base_url, self.ready_timeout, f"{engine} server")
             entry.update(ready_s=ready_s, model=model)
-            runs = [self._load(client, base_url, model, peer_model, work / f"run-{i + 1}") for i in range(self.runs)]
+            # run i uses seed + i, so no run reuses an earlier run's prompts from the server's prefix cache;
+            # every server gets the same sequence of prompt sets
+            runs = [self._load(client, base_url, model, peer_model, work / f"run-{i + 1}",
+                               replace(self.workload, seed=self.workload.seed + i)) for i in range(self.runs)]
             entry.update({**median_run(runs), "ready_s": ready_s, "model": model})
             if len(runs) > 1:
                 entry["runs"] = [run_summary(run) for run in runs]
@@ -167,15 +171,17 @@ class ServeComparison:
                     entry["cleanup_error"] = f"process group {group.pid} still has processes after SIGKILL"
         return entry
 
-    def _load(self, client: str, base_url: str, model: str, peer_model: str | None, work: Path) -> dict[str, Any]:
+    def _load(self, client: str, base_url: str, model: str, peer_model: str | None, work: Path,
+              workload: ServeWorkload) -> dict[str, Any]:
         if client == VLLM_CLIENT:
-            return run_client(self.peers, base_url, model, str(peer_model), self.workload, work, self.client_timeout)
-        return own_client_figures(self._own_load(base_url, model))
+            figures = run_client(self.peers, base_url, model, str(peer_model), workload, work, self.client_timeout)
+        else:
+            figures = own_client_figures(self._own_load(base_url, model, workload))
+        return {**figures, "seed": workload.seed}
 
-    def _own_load(self, base_url: str, model: str) -> dict[str, Any]:
+    def _own_load(self, base_url: str, model: str, w: ServeWorkload) -> dict[str, Any]:
         from tokenmill_server.bench.serve_load import LoadConfig, run_load
 
-        w = self.workload
         config = LoadConfig(base_url=base_url, model=model, num_prompts=w.num_prompts, input_len=w.input_len,
                             output_len=w.output_len, max_concurrency=w.max_concurrency, request_rate=w.request_rate,
                             seed=w.seed, timeout=self.client_timeout)
