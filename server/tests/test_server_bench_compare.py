@@ -11,7 +11,8 @@ import pytest
 from tokenmill.benchmarks.peer_venv import PEERS_DIR, PeerVenv
 from tokenmill_server.bench import bench_command
 from tokenmill_server.bench import serve_comparison
-from tokenmill_server.bench.comparison_report import build_report, median_run, ratios, render
+from tokenmill_server.bench.comparison_report import build_report, contention_notes, median_run, ratios, render
+from tokenmill_server.bench.other_cpu import OtherCpu, cpu_by_process
 from tokenmill_server.bench.process_group import ProcessGroup, exit_on_sigterm
 from tokenmill_server.bench.serve_comparison import ServeComparison, own_client_figures, vllm_server_env
 from tokenmill_server.bench.serve_workload import ServeWorkload
@@ -78,7 +79,7 @@ def test_parse_result_names_what_is_missing():
 def _measured(output_tok_s, ready_s, ttft_p50):
     return {"ready_s": ready_s, "output_tok_s": output_tok_s, "requests_per_s": output_tok_s / 128,
             "total_tok_s": output_tok_s * 2, "ttft_ms": {"p50": ttft_p50}, "tpot_ms": {"p50": 100.0},
-            "e2el_ms": {"p50": 20000.0}, "completed": 64, "failed": 0}
+            "e2el_ms": {"p50": 20000.0}, "completed": 64, "failed": 0, "duration_s": 20.0}
 
 
 def test_report_has_ratios_and_targets_when_both_servers_ran():
@@ -238,3 +239,28 @@ def test_peers_refuses_a_base_url_and_unknown_engines(capsys):
     assert args.func(args) == 2 and "drop --base-url" in capsys.readouterr().err
     args = root.parse_args(["bench", "serve", "--peers", "--engines", "tokenmill,tgi"])
     assert args.func(args) == 2 and "--engines takes" in capsys.readouterr().err
+
+
+def _fake_proc(root, processes):
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid, (group, seconds) in processes.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        fields = ["S", "1", str(group)] + ["0"] * 8 + [str(int(seconds * ticks)), "0"] + ["0"] * 10
+        (root / str(pid) / "stat").write_text(f"{pid} (name with ) paren) " + " ".join(fields) + "\n")
+
+
+def test_other_cpu_counts_processes_outside_the_measured_groups(tmp_path):
+    _fake_proc(tmp_path, {10: (10, 5.0), 11: (10, 1.0), 20: (20, 2.0)})
+    assert cpu_by_process(tmp_path) == {10: (10, 5.0), 11: (10, 1.0), 20: (20, 2.0)}
+    other = OtherCpu({10}, proc=tmp_path)
+    _fake_proc(tmp_path, {10: (10, 9.0), 11: (10, 3.0), 20: (20, 2.5), 30: (30, 1.0)})
+    assert other.seconds() == pytest.approx(0.5 + 1.0)  # pid 20's growth and new pid 30; group 10 excluded
+
+
+def test_contention_notes_flag_runs_slowed_by_other_work():
+    results = {"tokenmill": {**_measured(450.0, 10.0, 1.0), "duration_s": 20.0,
+                             "runs": [{"output_tok_s": 450.0, "duration_s": 20.0, "other_cpu_s": 0.5},
+                                      {"output_tok_s": 300.0, "duration_s": 20.0, "other_cpu_s": 16.0}]},
+               "vllm": {"error": "x"}}
+    assert contention_notes(results, cpus=2) == [
+        "tokenmill run 2: other processes used 16.0 CPU-s in its 20.0 s (40% of 2 CPUs), so its figures are slowed by them"]

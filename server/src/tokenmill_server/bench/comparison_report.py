@@ -3,6 +3,7 @@ acceptance targets, and a plain-text rendering of it all."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tokenmill_server.bench.serve_workload import ServeWorkload
@@ -11,6 +12,7 @@ ENGINE = "tokenmill"
 BASELINE = "vllm"
 OUTPUT_TOK_S_TARGET = 1.5
 READY_S_TARGET = 20.0
+CONTENTION_SHARE = 0.05
 # (name in the ratios, how to read it from a server's figures); all ratios are tokenmill / baseline.
 RATIO_FIGURES = (
     ("output_tok_s", lambda r: r.get("output_tok_s")),
@@ -33,7 +35,8 @@ def run_summary(run: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of one run, for the list of all runs beside the median."""
     return {"output_tok_s": run["output_tok_s"], "requests_per_s": run["requests_per_s"],
             "ttft_p50_ms": run.get("ttft_ms", {}).get("p50"), "tpot_p50_ms": run.get("tpot_ms", {}).get("p50"),
-            "duration_s": run["duration_s"], "failed": run["failed"], "seed": run.get("seed")}
+            "duration_s": run["duration_s"], "failed": run["failed"], "seed": run.get("seed"),
+            "other_cpu_s": run.get("other_cpu_s")}
 
 
 def ratios(results: dict[str, dict[str, Any]], engine: str = ENGINE, baseline: str = BASELINE) -> dict[str, float]:
@@ -61,6 +64,23 @@ def targets(results: dict[str, dict[str, Any]], found: dict[str, float]) -> dict
     return checks
 
 
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def contention_notes(results: dict[str, dict[str, Any]], cpus: int, threshold: float = CONTENTION_SHARE) -> list[str]:
+    """A note for every run during which other processes used over ``threshold`` of the machine's CPU time."""
+    notes = []
+    for engine, result in results.items():
+        runs = result.get("runs") or ([result] if "output_tok_s" in result else [])
+        for number, run in enumerate(runs, start=1):
+            other, duration = run.get("other_cpu_s"), run.get("duration_s")
+            if other is not None and duration and other / (duration * cpus) > threshold:
+                notes.append(f"{engine} run {number}: other processes used {other:.1f} CPU-s in its {duration:.1f} s "
+                             f"({other / (duration * cpus):.0%} of {cpus} CPUs), so its figures are slowed by them")
+    return notes
+
+
 def build_report(workload: ServeWorkload, results: dict[str, dict[str, Any]], client: str,
                  notes: list[str] | None = None) -> dict[str, Any]:
     """The whole JSON report; ratios and targets only where both sides were measured by the same client."""
@@ -70,7 +90,7 @@ def build_report(workload: ServeWorkload, results: dict[str, dict[str, Any]], cl
         report["ratios"] = {f"{ENGINE}/{BASELINE}": found,
                             "reading": "above 1 is better for throughput, below 1 for latencies and ready_s"}
     report["targets"] = targets(results, found)
-    report["notes"] = list(notes or [])
+    report["notes"] = list(notes or []) + contention_notes(results, _cpus())
     return report
 
 

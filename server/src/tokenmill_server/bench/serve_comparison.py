@@ -19,6 +19,7 @@ import httpx
 
 from tokenmill.benchmarks.peer_venv import PeerVenv
 from tokenmill_server.bench.comparison_report import build_report, median_run, run_summary
+from tokenmill_server.bench.other_cpu import OtherCpu
 from tokenmill_server.bench.process_group import ProcessGroup
 from tokenmill_server.bench.serve_workload import ServeWorkload
 from tokenmill_server.bench.vllm_bench_client import LOG_NOISE, client_env, run_client
@@ -157,8 +158,12 @@ class ServeComparison:
             entry.update(ready_s=ready_s, model=model)
             # run i uses seed + i, so no run reuses an earlier run's prompts from the server's prefix cache;
             # every server gets the same sequence of prompt sets
-            runs = [self._load(client, base_url, model, peer_model, work / f"run-{i + 1}",
-                               replace(self.workload, seed=self.workload.seed + i)) for i in range(self.runs)]
+            runs = []
+            for i in range(self.runs):
+                other = OtherCpu({group.pid})
+                run = self._load(client, base_url, model, peer_model, work / f"run-{i + 1}",
+                                 replace(self.workload, seed=self.workload.seed + i))
+                runs.append({**run, "other_cpu_s": other.seconds()})
             entry.update({**median_run(runs), "ready_s": ready_s, "model": model})
             if len(runs) > 1:
                 entry["runs"] = [run_summary(run) for run in runs]
