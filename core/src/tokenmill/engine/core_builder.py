@@ -37,8 +37,10 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
 
     started = time.perf_counter()
     model = load_model(config.model.hf_config, config.model.path, build)
-    logger.info("loaded %s (%s, %s) in %.1f s; linear kernels: %s", config.model.architecture, config.model.dtype,
-                config.model.quantization, time.perf_counter() - started, build.kernel_summary())
+    layer_kernels = build.layer_kernels.name if build.layer_kernels is not None else "torch"
+    logger.info("loaded %s (%s, %s) in %.1f s; linear kernels: %s; norm/rotary/activation kernels: %s",
+                config.model.architecture, config.model.dtype, config.model.quantization,
+                time.perf_counter() - started, build.kernel_summary(), layer_kernels)
 
     encoder = getattr(model, "is_encoder", False)  # embeds whole sequences: no KV cache, no decode steps
     num_blocks = _profiled_num_blocks(config, model, backend) if config.gpu_memory_utilization and not encoder \

@@ -17,7 +17,15 @@ import torch
 from tokenmill.layers.embedding import LMHead, VocabEmbedding
 from tokenmill.layers.kernel_selection import KernelChoice, choose_kernel
 from tokenmill.layers.linear import Linear
-from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LinearSpec, Platform, PlatformCapabilities, Quantizer
+from tokenmill.plugin_api import (
+    AttentionBackend,
+    AttentionSpec,
+    LayerKernels,
+    LinearSpec,
+    Platform,
+    PlatformCapabilities,
+    Quantizer,
+)
 from tokenmill.reference.unquantized import Unquantized
 
 
@@ -40,7 +48,8 @@ class ModelBuildContext:
     """Everything a model constructor needs besides the Hugging Face config.
 
     ``quantizer`` None means unquantized. ``attention_backend``, when set, validates every
-    layer's AttentionSpec as it is built. ``kernel_choices`` records the linear kernel chosen for
+    layer's AttentionSpec as it is built. ``layer_kernels`` (the platform's, or None for core's
+    PyTorch code) runs RMSNorm, rotary embedding and SiluAndMul; ``build_model`` hands it to them. ``kernel_choices`` records the linear kernel chosen for
     each layer prefix (with the reasons faster kernels were rejected) for the startup report.
     """
 
@@ -54,6 +63,7 @@ class ModelBuildContext:
     block_size: int = 16
     kv_cache_dtype: str = "auto"
     attention_backend: type[AttentionBackend] | None = None
+    layer_kernels: LayerKernels | None = None
     kernel_choices: dict[str, KernelChoice] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,7 +80,8 @@ class ModelBuildContext:
         return cls(dtype=dtype, device=platform.torch_device(), quantizer=quantizer, platform_name=platform.name,
                    device_type=platform.device_type, capabilities=platform.capabilities,
                    kernel_preference=tuple(platform.quant_kernel_preference()), block_size=block_size,
-                   kv_cache_dtype=kv_cache_dtype, attention_backend=attention_backend)
+                   kv_cache_dtype=kv_cache_dtype, attention_backend=attention_backend,
+                   layer_kernels=platform.layer_kernels())
 
     @property
     def dtype_name(self) -> str:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tokenmill.plugin_api import LayerKernels
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 
 
@@ -79,6 +81,7 @@ class RotaryAngles:
     cos: torch.Tensor  # [T, 1, rotary_dim / 2] in the activation dtype
     sin: torch.Tensor
     rotary_dim: int
+    kernels: LayerKernels | None = None
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` [T, heads, head_size] (NeoX halves), leaving features past rotary_dim alone."""
@@ -89,6 +92,10 @@ class RotaryAngles:
         return torch.cat((out, x[..., self.rotary_dim :]), dim=-1)
 
     def apply(self, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kernels is not None:
+            fused = self.kernels.rotary(query, key, self.cos, self.sin)
+            if fused is not None:
+                return fused
         return self.rotate(query), self.rotate(key)
 
 
@@ -96,8 +103,11 @@ class RotaryEmbedding(nn.Module):
     """Rotates the first ``rotary_dim`` features of every query and key head by its position.
 
     ``cos`` / ``sin`` are float32 [max_position, rotary_dim / 2]; they are cast to the activation
-    dtype after lookup, as Hugging Face does.
+    dtype after lookup, as Hugging Face does. ``kernels`` (a platform's LayerKernels, set by
+    ``build_model``) may rotate queries and keys in one call.
     """
+
+    kernels: LayerKernels | None = None
 
     def __init__(self, head_size: int, rotary_dim: int, cos: torch.Tensor, sin: torch.Tensor):
         super().__init__()
@@ -114,7 +124,7 @@ class RotaryEmbedding(nn.Module):
         """The angles of ``positions`` [T] (each below ``max_position``) in ``dtype``."""
         cos = self.cos[positions].to(dtype).unsqueeze(-2)
         sin = self.sin[positions].to(dtype).unsqueeze(-2)
-        return RotaryAngles(cos, sin, self.rotary_dim)
+        return RotaryAngles(cos, sin, self.rotary_dim, self.kernels)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """Rotate ``query`` [T, H, head_size] and ``key`` [T, KVH, head_size] at ``positions`` [T]."""

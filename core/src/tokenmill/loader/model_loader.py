@@ -10,8 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.linear import Linear
+from tokenmill.layers.norm import RMSNorm
+from tokenmill.layers.rotary import RotaryEmbedding
 from tokenmill.loader.safetensors_checkpoint import SafetensorsCheckpoint
 from tokenmill.models.registry import resolve_model_class
 from tokenmill.plugin_api import Quantizer
@@ -36,11 +39,16 @@ def as_hf_config(hf_config: Any) -> Any:
 
 def build_model(hf_config: Any, build: ModelBuildContext) -> nn.Module:
     """The registered model class for ``hf_config``, constructed with parameters on ``build.device``
-    (uninitialised until weights are loaded)."""
+    (uninitialised until weights are loaded); its RMSNorm, rotary and SiluAndMul layers get
+    ``build.layer_kernels``."""
     hf_config = as_hf_config(hf_config)
     model_class = resolve_model_class(hf_config)
     with torch.device(build.device):
         model = model_class(hf_config, build)
+    if build.layer_kernels is not None:
+        for module in model.modules():
+            if isinstance(module, (RMSNorm, RotaryEmbedding, SiluAndMul)):
+                module.kernels = build.layer_kernels
     return model.eval()
 
 

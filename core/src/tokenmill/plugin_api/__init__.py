@@ -12,6 +12,7 @@ from tokenmill.plugin_api.attention import (
     AttentionSpec,
 )
 from tokenmill.plugin_api.hookspecs import PROJECT_NAME, hookimpl, hookspec
+from tokenmill.plugin_api.layer_kernels import LayerKernels
 from tokenmill.plugin_api.platform import (
     DeviceInfo,
     Fp8Format,
@@ -40,6 +41,7 @@ __all__ = [
     "AttentionSpec",
     "DeviceInfo",
     "Fp8Format",
+    "LayerKernels",
     "LinearSpec",
     "MemoryInfo",
     "Platform",

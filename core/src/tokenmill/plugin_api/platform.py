@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tokenmill.plugin_api.layer_kernels import LayerKernels
 from tokenmill.plugin_api.version import PLUGIN_API_VERSION
 
 
@@ -191,6 +192,12 @@ class Platform(ABC):
         default raises NotImplementedError. Called in the engine process while the engine starts,
         once per captured batch size."""
         raise NotImplementedError(f"platform {self.name} does not record graphs")
+
+    def layer_kernels(self) -> LayerKernels | None:
+        """A ``LayerKernels`` with this device's fused RMSNorm / rotary / gated-activation kernels, or
+        None to run core's PyTorch code. Optional (since plugin API 1.2; default None). Called once per
+        model build, in the engine process, after ``activate``."""
+        return None
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults this platform wants for fields the user left unset. Optional (default {}).

@@ -1,7 +1,7 @@
 """The version of the plugin contract, separate from tokenmill's own release version."""
 
 # 1.1: optional Quantizer.quantize_checkpoint, Platform.create_graph, AttentionCapabilities.graph_capture
-# 1.2: optional Quantizer.quantizes_tied_lm_head
+# 1.2: optional Quantizer.quantizes_tied_lm_head, Platform.layer_kernels (LayerKernels)
 PLUGIN_API_VERSION: tuple[int, int] = (1, 2)
 
 

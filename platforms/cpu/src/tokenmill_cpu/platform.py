@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
-from tokenmill.plugin_api import DeviceInfo, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
+from tokenmill.plugin_api import DeviceInfo, LayerKernels, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
 
 from tokenmill_cpu.capabilities import cpu_capabilities
 from tokenmill_cpu.cpuinfo import read_cpuinfo
@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 KV_CACHE_FRACTION = 0.25  # of available RAM, when the user did not size the cache
 KV_CACHE_CAP = 32 << 30  # bytes; more only helps with very long contexts, which CPUs serve slowly
+LAYER_KERNELS_ENV = "TOKENMILL_CPU_LAYER_KERNELS"
 
 
 def _unset(config: Mapping[str, Any], key: str) -> bool:
@@ -93,6 +94,19 @@ class CpuPlatform(Platform):
         """oneDNN linear on reordered weights for full-precision and dequantized GGUF layers (2-4x
         torch's default CPU GEMM); with GGUF's packed mode, its C kernel over the raw blocks."""
         return ("onednn-linear", "gguf-dequantized-onednn", "gguf-packed-cpu")
+
+    def layer_kernels(self) -> LayerKernels | None:
+        """RMSNorm, rotary and SiluAndMul in C (``CpuLayerKernels``) when a C compiler can build them;
+        ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's PyTorch code."""
+        if os.environ.get(LAYER_KERNELS_ENV, "1") == "0":
+            return None
+        from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable  # imports torch
+
+        reason = layer_ops_unavailable()
+        if reason is not None:
+            logger.warning("cpu platform: layer kernels unavailable, using PyTorch ops: %s", reason)
+            return None
+        return CpuLayerKernels()
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and

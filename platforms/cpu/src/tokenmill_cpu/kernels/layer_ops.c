@@ -1,0 +1,106 @@
+/* Fused per-token layers for float32 activations: residual add + RMSNorm, NeoX rotary embedding of
+ * queries and keys, and SiLU-gated multiply. Each replaces a chain of small tensor operations whose
+ * dispatch costs more than their arithmetic at decode batch sizes.
+ *
+ * Elementwise arithmetic follows core's PyTorch code operation by operation (no contraction into
+ * FMAs, no reassociation: the pragma below overrides the build's -fassociative-math), so rotary
+ * and the residual add give the same bits; only the RMSNorm sum of squares (16 partial sums) and
+ * exp inside SiLU (a polynomial) round differently.
+ * Rows are independent; OpenMP splits them across threads when there are many.
+ */
+#pragma GCC optimize("fp-contract=off", "no-associative-math")
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#define PARALLEL_ROWS 32
+
+/* normed[t] = weight * (x' * 1 / sqrt(sum(x'^2) / H + eps)) with x' = x[t] (+ residual[t], also
+ * written to sum[t] when residual is given). Strides are in floats, between rows. */
+void rms_norm_f32(const float *x, int64_t x_stride, const float *residual, int64_t residual_stride,
+                  const float *weight, float eps, int64_t T, int64_t H, float *normed, float *sum) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *row = x + t * x_stride;
+        float *out = normed + t * H;
+        if (residual != NULL) {
+            const float *r = residual + t * residual_stride;
+            float *s = sum + t * H;
+            for (int64_t i = 0; i < H; ++i) s[i] = row[i] + r[i];
+            row = s;
+        }
+        float partial[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= H; i += LANES)
+            for (int j = 0; j < LANES; ++j) partial[j] += row[i + j] * row[i + j];
+        for (; i < H; ++i) partial[0] += row[i] * row[i];
+        float squares = 0.0f;
+        for (int j = 0; j < LANES; ++j) squares += partial[j];
+        const float scale = 1.0f / sqrtf(squares / (float)H + eps);
+        for (int64_t k = 0; k < H; ++k) out[k] = weight[k] * (row[k] * scale);
+    }
+}
+
+/* out[t, h] = (x1 cos - x2 sin, x2 cos + x1 sin, x[rotary_dim:]) for head h of row t of x, where x1 / x2
+ * are the halves of the first rotary_dim features and cos / sin are [T][rotary_dim / 2]. */
+static void rotate_heads(const float *x, int64_t heads, int64_t head_size, int64_t rotary_dim,
+                         const float *cos_t, const float *sin_t, float *out) {
+    const int64_t half = rotary_dim / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        const float *in = x + h * head_size;
+        float *o = out + h * head_size;
+        for (int64_t i = 0; i < half; ++i) {
+            const float x1 = in[i], x2 = in[half + i];
+            o[i] = x1 * cos_t[i] - x2 * sin_t[i];
+            o[half + i] = x2 * cos_t[i] + x1 * sin_t[i];
+        }
+        if (rotary_dim < head_size) memcpy(o + rotary_dim, in + rotary_dim, sizeof(float) * (head_size - rotary_dim));
+    }
+}
+
+/* Queries [T][q_heads][D] and keys [T][k_heads][D], rows q_stride / k_stride floats apart (heads
+ * contiguous within a row), rotated into contiguous q_out / k_out. */
+void rotary_f32(const float *q, int64_t q_stride, int64_t q_heads, const float *k, int64_t k_stride, int64_t k_heads,
+                int64_t T, int64_t head_size, int64_t rotary_dim, const float *cos, const float *sin, float *q_out,
+                float *k_out) {
+    const int64_t half = rotary_dim / 2;
+#pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        rotate_heads(q + t * q_stride, q_heads, head_size, rotary_dim, cos + t * half, sin + t * half,
+                     q_out + t * q_heads * head_size);
+        rotate_heads(k + t * k_stride, k_heads, head_size, rotary_dim, cos + t * half, sin + t * half,
+                     k_out + t * k_heads * head_size);
+    }
+}
+
+/* exp(x), x clamped to [-87.3, 88.3]: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor
+ * polynomial (truncation below 0.1 ulp), times 2^n built in the exponent bits. Vectorises (no
+ * library call). */
+static inline float exp_approx(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    const float n = roundf(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return p * scale;
+}
+
+/* out[t] = silu(gate) * up for rows x[t] = (gate, up) of 2 * d floats, x_stride floats apart. */
+void silu_and_mul_f32(const float *x, int64_t x_stride, int64_t T, int64_t d, float *out) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *gate = x + t * x_stride, *up = gate + d;
+        float *o = out + t * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+    }
+}

@@ -1,0 +1,118 @@
+"""CpuLayerKernels: RMSNorm (with its residual add), rotary embedding and SiluAndMul as one C call each.
+
+A decode step of a 30-layer model otherwise runs some 60 small tensor operations per layer outside
+the matrix products; at one token each costs more in dispatch than in arithmetic. The kernels are
+``kernels/layer_ops.c`` (built on first use by core's ``build_native_library``) and take float32
+rows whose last dimension is contiguous; anything else is declined (None) and runs core's PyTorch
+code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tokenmill.layers.native_library import build_failure, build_native_library
+from tokenmill.plugin_api import LayerKernels
+
+SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
+
+
+@lru_cache(maxsize=1)
+def load_layer_ops() -> ctypes.CDLL:
+    """The compiled library (NativeBuildError from core when there is no C compiler)."""
+    library = build_native_library(SOURCE, "CPU layer kernels")
+    pointer, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    library.rms_norm_f32.argtypes = [pointer, i64, pointer, i64, pointer, f32, i64, i64, pointer, pointer]
+    library.rotary_f32.argtypes = [pointer, i64, i64, pointer, i64, i64, i64, i64, i64, pointer, pointer, pointer, pointer]
+    library.silu_and_mul_f32.argtypes = [pointer, i64, i64, i64, pointer]
+    for function in (library.rms_norm_f32, library.rotary_f32, library.silu_and_mul_f32):
+        function.restype = None
+    return library
+
+
+def layer_ops_unavailable() -> str | None:
+    """Why the layer kernels cannot be built or loaded here, or None."""
+    return build_failure(load_layer_ops)
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """``x`` as float32 rows [T, last] with a unit inner stride, and the row stride; None otherwise."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
+    if x.dim() == 2 and x.stride(1) == 1:
+        return x, x.stride(0)
+    if x.is_contiguous():
+        rows = x.view(-1, x.shape[-1])
+        return rows, rows.shape[1]
+    return None
+
+
+def _heads(x: torch.Tensor) -> int | None:
+    """The row stride of ``x`` [T, heads, head_size] (float32) whose heads are contiguous within a row."""
+    if x.dtype != torch.float32 or x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        return None
+    return x.stride(0)
+
+
+class CpuLayerKernels(LayerKernels):
+    """Float32 layer kernels in C; other dtypes and layouts decline to core's PyTorch code."""
+
+    name = "cpu-layer-ops"
+
+    def __init__(self) -> None:
+        self._library = load_layer_ops()
+
+    def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> Any | None:
+        """Residual add and RMSNorm over float32 rows in one pass."""
+        rows = _rows(x)
+        if rows is None or weight.dtype != torch.float32 or not weight.is_contiguous():
+            return None
+        x2d, x_stride = rows
+        if residual is not None:
+            residual_rows = _rows(residual)
+            if residual_rows is None or residual.shape != x.shape:
+                return None
+            residual2d, residual_stride = residual_rows
+        count, hidden = x2d.shape
+        normed = torch.empty(x.shape, dtype=torch.float32)
+        total = torch.empty(x.shape, dtype=torch.float32) if residual is not None else None
+        self._library.rms_norm_f32(
+            x2d.data_ptr(), x_stride, residual2d.data_ptr() if residual is not None else None,
+            residual_stride if residual is not None else 0, weight.data_ptr(), eps, count, hidden,
+            normed.data_ptr(), total.data_ptr() if total is not None else None,
+        )
+        return normed if residual is None else (normed, total)
+
+    def rotary(self, query: Any, key: Any, cos: Any, sin: Any) -> tuple[Any, Any] | None:
+        """NeoX rotation of float32 queries and keys, written to new contiguous tensors."""
+        q_stride, k_stride = _heads(query), _heads(key)
+        if q_stride is None or k_stride is None or query.shape[2] != key.shape[2] or query.shape[0] != key.shape[0]:
+            return None
+        if cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous():
+            return None
+        count, _, head_size = query.shape
+        rotary_dim = 2 * cos.shape[-1]
+        if cos.numel() != count * cos.shape[-1] or rotary_dim > head_size:
+            return None
+        q_out = torch.empty(query.shape, dtype=torch.float32)
+        k_out = torch.empty(key.shape, dtype=torch.float32)
+        self._library.rotary_f32(query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride, key.shape[1],
+                                 count, head_size, rotary_dim, cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(),
+                                 k_out.data_ptr())
+        return q_out, k_out
+
+    def silu_and_mul(self, x: Any) -> Any | None:
+        """``silu(gate) * up`` over float32 rows ``(gate, up)``."""
+        rows = _rows(x)
+        if rows is None or x.shape[-1] % 2:
+            return None
+        x2d, x_stride = rows
+        count, width = x2d.shape
+        out = torch.empty(*x.shape[:-1], width // 2, dtype=torch.float32)
+        self._library.silu_and_mul_f32(x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
+        return out

@@ -1,0 +1,97 @@
+"""CpuLayerKernels against core's PyTorch layers: RMSNorm (with and without the residual add), rotary
+(full and partial, on the strided q/k views a fused qkv projection gives) and SiluAndMul, at decode
+and prefill row counts; unsupported inputs are declined; the platform hands them to the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmill.layers.activation import SiluAndMul
+from tokenmill.layers.context import ModelBuildContext
+from tokenmill.layers.norm import RMSNorm
+from tokenmill.layers.rotary import RotaryAngles
+from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable
+from tokenmill_cpu.platform import LAYER_KERNELS_ENV, CpuPlatform
+
+pytestmark = pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler for the layer kernels")
+ROWS = (1, 3, 64)  # 64 takes the OpenMP path
+
+
+@pytest.fixture(scope="module")
+def kernels() -> CpuLayerKernels:
+    return CpuLayerKernels()
+
+
+@pytest.mark.parametrize("count", ROWS)
+def test_rms_norm_matches_torch(kernels, count):
+    torch.manual_seed(count)
+    norm = RMSNorm(576, 1e-5)
+    norm.weight.data.normal_()
+    x, residual = torch.randn(count, 576) * 3, torch.randn(count, 576)
+    torch.testing.assert_close(kernels.rms_norm(x, norm.weight, norm.eps), norm(x), rtol=1e-6, atol=1e-6)
+    normed, total = kernels.rms_norm(x, norm.weight, norm.eps, residual)
+    want_normed, want_total = norm(x, residual)
+    assert torch.equal(total, want_total)  # the residual add is the same float operation
+    torch.testing.assert_close(normed, want_normed, rtol=1e-6, atol=1e-6)
+
+
+def test_rms_norm_of_per_head_rows(kernels):
+    norm = RMSNorm(64, 1e-6)
+    norm.weight.data.uniform_(0.5, 1.5)
+    heads = torch.randn(5, 9, 64)
+    got = kernels.rms_norm(heads, norm.weight, norm.eps)
+    assert got.shape == heads.shape
+    torch.testing.assert_close(got, norm(heads), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("count", ROWS)
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+def test_rotary_is_bitwise_torch_on_fused_qkv_views(kernels, count, rotary_dim):
+    torch.manual_seed(rotary_dim)
+    q, k, _ = torch.randn(count, 576 + 2 * 192).split((576, 192, 192), dim=-1)
+    q, k = q.view(count, 9, 64), k.view(count, 3, 64)
+    cos, sin = torch.randn(count, 1, rotary_dim // 2), torch.randn(count, 1, rotary_dim // 2)
+    angles = RotaryAngles(cos, sin, rotary_dim)
+    got_q, got_k = kernels.rotary(q, k, cos, sin)
+    want_q, want_k = angles.apply(q, k)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(RotaryAngles(cos, sin, rotary_dim, kernels).apply(q, k)[0], want_q)
+
+
+@pytest.mark.parametrize("count", ROWS)
+def test_silu_and_mul_matches_torch(kernels, count):
+    torch.manual_seed(count)
+    x = torch.randn(count, 2 * 1536) * 6
+    x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # the exp clamp at both ends, and zero
+    want = SiluAndMul()(x)
+    got = kernels.silu_and_mul(x)
+    torch.testing.assert_close(got, want, rtol=4e-7, atol=1e-30)
+
+
+def test_unsupported_inputs_are_declined(kernels):
+    weight = torch.ones(8, dtype=torch.bfloat16)
+    assert kernels.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), weight, 1e-5) is None
+    assert kernels.silu_and_mul(torch.randn(4, 8).t()) is None  # columns are not contiguous
+    assert kernels.silu_and_mul(torch.randn(2, 7)) is None  # no (gate, up) halves
+    q = torch.randn(2, 4, 16).transpose(0, 1)  # heads not contiguous within a row
+    assert kernels.rotary(q, torch.randn(4, 2, 16), torch.randn(4, 1, 8), torch.randn(4, 1, 8)) is None
+    assert kernels.rotary(torch.randn(2, 4, 16), torch.randn(2, 2, 16), torch.randn(2, 1, 16),
+                          torch.randn(2, 1, 16)) is None  # rotary_dim above head_size
+
+
+def test_the_platform_hands_the_kernels_to_the_model(monkeypatch):
+    from tokenmill.loader.model_loader import build_model
+    from transformers import LlamaConfig
+
+    platform = CpuPlatform()
+    assert isinstance(platform.layer_kernels(), CpuLayerKernels)
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = build_model(config, ModelBuildContext.for_platform(platform, dtype=torch.float32))
+    layer = model.model.layers[0]
+    assert isinstance(layer.input_layernorm.kernels, CpuLayerKernels)
+    assert isinstance(layer.mlp.act.kernels, CpuLayerKernels)
+    assert isinstance(model.model.rotary.kernels, CpuLayerKernels)
+    monkeypatch.setenv(LAYER_KERNELS_ENV, "0")
+    assert platform.layer_kernels() is None
