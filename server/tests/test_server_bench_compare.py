@@ -12,7 +12,8 @@ from tokenmill.benchmarks.peer_venv import PEERS_DIR, PeerVenv
 from tokenmill_server.bench import bench_command
 from tokenmill_server.bench import serve_comparison
 from tokenmill_server.bench.comparison_report import build_report, contention_notes, median_run, ratios, render
-from tokenmill_server.bench.other_cpu import OtherCpu, cpu_by_process
+from tokenmill_server.bench.other_cpu import OtherCpu
+from tokenmill_server.bench.proc_table import descendant_groups, read_proc_table
 from tokenmill_server.bench.process_group import ProcessGroup, exit_on_sigterm
 from tokenmill_server.bench.serve_comparison import ServeComparison, own_client_figures, vllm_server_env
 from tokenmill_server.bench.serve_workload import ServeWorkload
@@ -243,18 +244,39 @@ def test_peers_refuses_a_base_url_and_unknown_engines(capsys):
 
 def _fake_proc(root, processes):
     ticks = os.sysconf("SC_CLK_TCK")
-    for pid, (group, seconds) in processes.items():
+    for pid, (ppid, group, seconds) in processes.items():
         (root / str(pid)).mkdir(exist_ok=True)
-        fields = ["S", "1", str(group)] + ["0"] * 8 + [str(int(seconds * ticks)), "0"] + ["0"] * 10
+        fields = ["S", str(ppid), str(group)] + ["0"] * 8 + [str(int(seconds * ticks)), "0"] + ["0"] * 10
         (root / str(pid) / "stat").write_text(f"{pid} (name with ) paren) " + " ".join(fields) + "\n")
 
 
 def test_other_cpu_counts_processes_outside_the_measured_groups(tmp_path):
-    _fake_proc(tmp_path, {10: (10, 5.0), 11: (10, 1.0), 20: (20, 2.0)})
-    assert cpu_by_process(tmp_path) == {10: (10, 5.0), 11: (10, 1.0), 20: (20, 2.0)}
-    other = OtherCpu({10}, proc=tmp_path)
-    _fake_proc(tmp_path, {10: (10, 9.0), 11: (10, 3.0), 20: (20, 2.5), 30: (30, 1.0)})
-    assert other.seconds() == pytest.approx(0.5 + 1.0)  # pid 20's growth and new pid 30; group 10 excluded
+    _fake_proc(tmp_path, {10: (1, 10, 5.0), 11: (10, 11, 1.0), 20: (1, 20, 2.0)})
+    assert read_proc_table(tmp_path)[11] == (10, 11, "S", 1.0)
+    other = OtherCpu(proc=tmp_path)
+    _fake_proc(tmp_path, {10: (1, 10, 9.0), 11: (10, 11, 3.0), 20: (1, 20, 2.5), 30: (1, 30, 1.0)})
+    assert other.seconds({10, 11}) == pytest.approx(0.5 + 1.0)  # pid 20's growth and new pid 30
+
+
+def test_descendant_groups_follow_children_into_sessions_of_their_own(tmp_path):
+    _fake_proc(tmp_path, {10: (1, 10, 0), 11: (10, 11, 0), 12: (11, 11, 0), 13: (10, 10, 0), 20: (1, 20, 0)})
+    assert descendant_groups(10, read_proc_table(tmp_path)) == {10, 11}
+
+
+def test_stop_ends_a_child_that_started_its_own_session(tmp_path):
+    # as tokenmill serve's engine core does: outside the leader's group, found through its parent
+    script = ("import subprocess, sys, time; child = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+              "print(child.pid, flush=True); time.sleep(300)")
+    group = ProcessGroup([sys.executable, "-c", script], tmp_path / "log")
+    deadline = time.monotonic() + 60
+    while not group.log_tail().isdigit() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(group.log_tail())
+    assert group.groups() == {group.pid, child}
+    group.stop(grace=5)
+    assert not group.alive()
+    entry = read_proc_table().get(child)
+    assert entry is None or entry.state == "Z"
 
 
 def test_contention_notes_flag_runs_slowed_by_other_work():

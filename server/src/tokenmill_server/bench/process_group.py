@@ -1,5 +1,6 @@
 """ProcessGroup: one benchmark process (a server or a load client) in its own session, so that it
-and everything it spawns (engine cores, worker processes) end together, even after its parent died."""
+and everything it spawns (engine cores, worker processes) end together, even after its parent died.
+Children that start sessions of their own (tokenmill's engine core does) are followed by parentage."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tokenmill_server.bench.proc_table import descendant_groups, read_proc_table
+
 
 class ProcessGroup:
     """``command`` started in a new session (its pid is the group id) with stdout and stderr in ``log_path``.
 
-    Use it as a context manager, or call ``stop()`` in a ``finally``: leaving the block ends the group."""
+    Use it as a context manager, or call ``stop()`` in a ``finally``: leaving the block ends the group
+    and the groups its descendants made (as last seen while the leader ran)."""
 
     def __init__(self, command: list[str], log_path: str | Path, env: dict[str, str] | None = None):
         self.command = list(command)
@@ -30,6 +34,7 @@ class ProcessGroup:
         except OSError:
             self._log.close()
             raise
+        self._groups = {self.process.pid}
 
     @property
     def pid(self) -> int:
@@ -53,25 +58,29 @@ class ProcessGroup:
             raise RuntimeError(f"{Path(self.command[0]).name} did not finish within {timeout:.0f} s: "
                                f"{self.log_tail()}") from None
 
+    def groups(self) -> set[int]:
+        """Process groups of the leader and its descendants; refreshed while the leader runs (once it is
+        gone, orphans lose their parentage, so the groups seen before are kept)."""
+        if self.process.poll() is None:
+            self._groups |= descendant_groups(self.pid, read_proc_table()) - {os.getpgrp()}  # never our own
+        return set(self._groups)
+
     def alive(self) -> bool:
-        """Whether any process of the group (the leader or anything it started) still runs; zombies do not count."""
+        """Whether any process of the groups (the leader or anything it started) still runs; zombies do not count."""
         if self.process.poll() is None:
             return True
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return _has_members(self.pid)
+        groups = self.groups()
+        return any(entry.pgid in groups and entry.state != "Z" for entry in read_proc_table().values())
 
     def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM to the whole group, SIGKILL to whatever is left after ``grace`` seconds, then reap."""
+        """SIGTERM to every group, SIGKILL to whatever is left after ``grace`` seconds, then reap."""
+        groups = self.groups()
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                break
+            for group in groups:
+                try:
+                    os.killpg(group, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline and self.alive():
                 time.sleep(0.1)
@@ -114,20 +123,3 @@ def exit_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _has_members(pgid: int) -> bool:
-    """Whether a process that is not a zombie is in group ``pgid`` (read from /proc)."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True  # no /proc to look into: killpg(0) already said the group exists
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False

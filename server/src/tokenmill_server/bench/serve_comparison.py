@@ -160,10 +160,10 @@ class ServeComparison:
             # every server gets the same sequence of prompt sets
             runs = []
             for i in range(self.runs):
-                other = OtherCpu({group.pid})
+                other = OtherCpu()
                 run = self._load(client, base_url, model, peer_model, work / f"run-{i + 1}",
                                  replace(self.workload, seed=self.workload.seed + i))
-                runs.append({**run, "other_cpu_s": other.seconds()})
+                runs.append({**run, "other_cpu_s": other.seconds(group.groups())})
             entry.update({**median_run(runs), "ready_s": ready_s, "model": model})
             if len(runs) > 1:
                 entry["runs"] = [run_summary(run) for run in runs]
@@ -173,7 +173,7 @@ class ServeComparison:
             if group is not None:
                 group.stop()
                 if group.alive():
-                    entry["cleanup_error"] = f"process group {group.pid} still has processes after SIGKILL"
+                    entry["cleanup_error"] = f"process groups {sorted(group.groups())} still have processes after SIGKILL"
         return entry
 
     def _load(self, client: str, base_url: str, model: str, peer_model: str | None, work: Path,
