@@ -35,7 +35,8 @@ def _batch(query_lens, context_lens, block_size, num_blocks, generator):
 @pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80)])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (7, None), (None, 30.0)])
 @pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1, 5, 1, 3]])
-def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_lens):
+@pytest.mark.parametrize("fused_qkv", [False, True], ids=["separate", "qkv-views"])
+def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_lens, fused_qkv):
     generator = torch.Generator().manual_seed(heads * 100 + head_size)
     block_size, num_blocks = 16, 64
     spec = AttentionSpec(heads, kv_heads, head_size, head_size**-0.5, "float32", block_size=block_size,
@@ -47,6 +48,10 @@ def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_l
     q = torch.randn(batch.num_tokens, heads, head_size, generator=generator)
     k = torch.randn(batch.num_tokens, kv_heads, head_size, generator=generator)
     v = torch.randn(batch.num_tokens, kv_heads, head_size, generator=generator)
+    if fused_qkv:  # strided views of one projection, as the models pass them (keys and values written in C)
+        qkv = torch.cat([t.flatten(1) for t in (q, k, v)], dim=1)
+        q, k, v = (t.view(t.shape[0], -1, head_size) for t in qkv.split([heads * head_size, kv_heads * head_size,
+                                                                          kv_heads * head_size], dim=1))
     reference, native = ReferenceAttentionBackend(), CpuAttentionBackend()
     expected = reference.forward(spec, q, k, v, caches[0], reference.plan(batch))
     actual = native.forward(spec, q, k, v, caches[1], native.plan(batch))

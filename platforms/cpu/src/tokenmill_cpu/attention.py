@@ -7,7 +7,6 @@ requests. Prefill chunks and other dtypes take the plain-PyTorch reference path 
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import torch
@@ -43,24 +42,55 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         super().__init__(device)
         self._kernel = load_library().paged_decode_f32
 
+    def forward(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
+        """A step that is one decode group writes its keys and values inside the native call; any
+        other step writes them first (the reference path) and attends group by group."""
+        groups = metadata.groups
+        if len(groups) == 1 and groups[0].token_index is None and _rows_of_heads(key) and _rows_of_heads(value):
+            blocks = kv_cache.view(2, kv_cache.shape[1], -1)
+            if self._native(spec, query, blocks, groups[0]):
+                return self._decode(spec, query, blocks, groups[0], (key, value, metadata.slot_mapping))
+        return super().forward(spec, query, key, value, kv_cache, metadata)
+
     def _attend(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 blocks: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
-        native = (group.max_query_len == 1 and query.dtype == torch.float32 and blocks.dtype == torch.float32
-                  and spec.head_size <= MAX_HEAD_SIZE and spec.num_heads // spec.num_kv_heads <= MAX_GROUP)
-        if not native:
+        if not self._native(spec, query, blocks, group):
             return super()._attend(spec, query, key, value, blocks, group)
+        return self._decode(spec, query, blocks, group)
+
+    @staticmethod
+    def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup) -> bool:
+        return (group.max_query_len == 1 and query.dtype == torch.float32 and blocks.dtype == torch.float32
+                and spec.head_size <= MAX_HEAD_SIZE and spec.num_heads // spec.num_kv_heads <= MAX_GROUP)
+
+    def _decode(self, spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup,
+                write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The native kernel over a decode group; with ``write`` = (keys, values, int64 slots) it first
+        stores each request's new key and value in the cache."""
         tables, lens = _native_inputs(group)
         query = query.contiguous()
         out = torch.empty_like(query)
         num_blocks = blocks.shape[1]
         block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
+        keys, values, slots = write if write is not None else (None, None, None)
+        if slots is not None and slots.dtype != torch.int64:
+            slots = slots.to(torch.int64)
         self._kernel(
-            ctypes.c_void_p(query.data_ptr()), ctypes.c_void_p(blocks.data_ptr()), ctypes.c_void_p(tables.data_ptr()),
-            ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(out.data_ptr()), group.num_requests, spec.num_heads,
+            query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+            group.num_requests, spec.num_heads,
             spec.num_kv_heads, spec.head_size, block_size, num_blocks, tables.shape[1], spec.scale,
             spec.sliding_window or 0, spec.logits_soft_cap or 0.0,
+            keys.data_ptr() if keys is not None else None, keys.stride(0) if keys is not None else 0,
+            values.data_ptr() if values is not None else None, values.stride(0) if values is not None else 0,
+            slots.data_ptr() if slots is not None else None,
         )
         return out
+
+
+def _rows_of_heads(x: torch.Tensor) -> bool:
+    """Whether ``x`` [T, heads, head_size] has contiguous heads within each row (any row stride)."""
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 def _native_inputs(group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LayerKernels
 
 SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
+FLOAT32 = torch.float32
 
 
 @lru_cache(maxsize=1)
@@ -42,7 +43,7 @@ def layer_ops_unavailable() -> str | None:
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """``x`` as float32 rows [T, last] with a unit inner stride, and the row stride; None otherwise."""
-    if x.dtype != torch.float32 or x.device.type != "cpu":
+    if x.dtype is not FLOAT32:
         return None
     if x.dim() == 2 and x.stride(1) == 1:
         return x, x.stride(0)
@@ -54,9 +55,10 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 
 def _heads(x: torch.Tensor) -> int | None:
     """The row stride of ``x`` [T, heads, head_size] (float32) whose heads are contiguous within a row."""
-    if x.dtype != torch.float32 or x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+    if x.dtype is not FLOAT32 or x.dim() != 3:
         return None
-    return x.stride(0)
+    row_stride, head_stride, unit = x.stride()
+    return row_stride if unit == 1 and head_stride == x.shape[2] else None
 
 
 class CpuLayerKernels(LayerKernels):
@@ -70,37 +72,36 @@ class CpuLayerKernels(LayerKernels):
     def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> Any | None:
         """Residual add and RMSNorm over float32 rows in one pass."""
         rows = _rows(x)
-        if rows is None or weight.dtype != torch.float32 or not weight.is_contiguous():
+        if rows is None or weight.dtype is not FLOAT32 or weight.stride(0) != 1:
             return None
         x2d, x_stride = rows
-        if residual is not None:
-            residual_rows = _rows(residual)
-            if residual_rows is None or residual.shape != x.shape:
-                return None
-            residual2d, residual_stride = residual_rows
         count, hidden = x2d.shape
-        normed = torch.empty(x.shape, dtype=torch.float32)
-        total = torch.empty(x.shape, dtype=torch.float32) if residual is not None else None
-        self._library.rms_norm_f32(
-            x2d.data_ptr(), x_stride, residual2d.data_ptr() if residual is not None else None,
-            residual_stride if residual is not None else 0, weight.data_ptr(), eps, count, hidden,
-            normed.data_ptr(), total.data_ptr() if total is not None else None,
-        )
-        return normed if residual is None else (normed, total)
+        normed = torch.empty(x.shape, dtype=FLOAT32)
+        if residual is None:
+            self._library.rms_norm_f32(x2d.data_ptr(), x_stride, None, 0, weight.data_ptr(), eps, count, hidden,
+                                       normed.data_ptr(), None)
+            return normed
+        residual_rows = _rows(residual)
+        if residual_rows is None or residual.shape != x.shape:
+            return None
+        total = torch.empty(x.shape, dtype=FLOAT32)
+        self._library.rms_norm_f32(x2d.data_ptr(), x_stride, residual_rows[0].data_ptr(), residual_rows[1],
+                                   weight.data_ptr(), eps, count, hidden, normed.data_ptr(), total.data_ptr())
+        return normed, total
 
     def rotary(self, query: Any, key: Any, cos: Any, sin: Any) -> tuple[Any, Any] | None:
         """NeoX rotation of float32 queries and keys, written to new contiguous tensors."""
         q_stride, k_stride = _heads(query), _heads(key)
         if q_stride is None or k_stride is None or query.shape[2] != key.shape[2] or query.shape[0] != key.shape[0]:
             return None
-        if cos.dtype != torch.float32 or not cos.is_contiguous() or not sin.is_contiguous():
+        if cos.dtype is not FLOAT32 or not cos.is_contiguous() or not sin.is_contiguous():
             return None
         count, _, head_size = query.shape
         rotary_dim = 2 * cos.shape[-1]
         if cos.numel() != count * cos.shape[-1] or rotary_dim > head_size:
             return None
-        q_out = torch.empty(query.shape, dtype=torch.float32)
-        k_out = torch.empty(key.shape, dtype=torch.float32)
+        q_out = torch.empty(query.shape, dtype=FLOAT32)
+        k_out = torch.empty(key.shape, dtype=FLOAT32)
         self._library.rotary_f32(query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride, key.shape[1],
                                  count, head_size, rotary_dim, cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(),
                                  k_out.data_ptr())
@@ -113,6 +114,6 @@ class CpuLayerKernels(LayerKernels):
             return None
         x2d, x_stride = rows
         count, width = x2d.shape
-        out = torch.empty(*x.shape[:-1], width // 2, dtype=torch.float32)
+        out = torch.empty(*x.shape[:-1], width // 2, dtype=FLOAT32)
         self._library.silu_and_mul_f32(x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
         return out

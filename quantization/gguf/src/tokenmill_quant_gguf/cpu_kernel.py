@@ -78,11 +78,12 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` from the blocks in ``layer.qweight``, one C call per row segment."""
-        in_features = x.shape[-1]
-        rows = x.reshape(-1, in_features)
-        if rows.dtype != torch.float32:
+        if x.dtype is not torch.float32:
             return super().apply(layer, x, bias)
-        rows = rows.contiguous()
+        in_features = x.shape[-1]
+        rows = x if x.dim() == 2 else x.reshape(-1, in_features)
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
         qweight = layer.qweight
         count, out_features = rows.shape[0], qweight.shape[0]
         out = rows.new_empty(count, out_features)

@@ -23,7 +23,8 @@ def load_library() -> ctypes.CDLL:
     library = build_native_library(SOURCE, "CPU attention kernel")
     function = library.paged_decode_f32
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-    function.argtypes = [pointer] * 5 + [i64] * 7 + [ctypes.c_float, i64, ctypes.c_float]
+    function.argtypes = [pointer] * 5 + [i64] * 7 + [ctypes.c_float, i64, ctypes.c_float, pointer, i64, pointer, i64,
+                                                       pointer]
     function.restype = None
     return library
 

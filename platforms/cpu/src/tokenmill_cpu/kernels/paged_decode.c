@@ -3,7 +3,9 @@
  *
  * cache layout: [2][num_blocks][block_size][num_kv_heads][head_size] (keys, then values), contiguous.
  * query/out:    [num_requests][num_heads][head_size], contiguous.
- * Each (request, kv head) pair is independent: OpenMP splits them across threads.
+ * Each (request, kv head) pair is independent: OpenMP splits them across threads. With `keys` given,
+ * each pair first stores its request's new key and value head at cache slot slots[r] (rows of
+ * keys / values are key_stride / value_stride floats apart), so one call replaces the cache write.
  *
  * Keys are taken a tile at a time (the tokens of one cache block): every score of the tile first, so
  * the loads are independent and the memory system keeps many in flight, then one online-softmax
@@ -86,14 +88,15 @@ static inline __attribute__((always_inline)) void attend_kv_head(
     }
 }
 
-void paged_decode_f32(const float *query, const float *cache, const int32_t *block_tables, const int32_t *seq_lens,
+void paged_decode_f32(const float *query, float *cache, const int32_t *block_tables, const int32_t *seq_lens,
                       float *out, int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                       int64_t block_size, int64_t num_blocks, int64_t max_blocks, float scale, int64_t window,
-                      float soft_cap) {
+                      float soft_cap, const float *keys, int64_t key_stride, const float *values_in,
+                      int64_t value_stride, const int64_t *slots) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t token_stride = num_kv_heads * head_size;
     const int64_t block_stride = block_size * token_stride;
-    const float *values = cache + num_blocks * block_stride;
+    float *values = cache + num_blocks * block_stride;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t r = 0; r < num_requests; ++r) {
         for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
@@ -102,6 +105,11 @@ void paged_decode_f32(const float *query, const float *cache, const int32_t *blo
             const int64_t head0 = (r * num_heads + kvh * group) * head_size;
             const int32_t *table = block_tables + r * max_blocks;
             const float *k = cache + kvh * head_size, *v = values + kvh * head_size;
+            if (keys != NULL) {
+                const int64_t at = slots[r] * token_stride + kvh * head_size;
+                memcpy(cache + at, keys + r * key_stride + kvh * head_size, sizeof(float) * head_size);
+                memcpy(values + at, values_in + r * value_stride + kvh * head_size, sizeof(float) * head_size);
+            }
             if (head_size == 64)
                 attend_kv_head(query + head0, k, v, table, first, len, out + head0, group, 64, block_size,
                                block_stride, token_stride, scale, soft_cap);
