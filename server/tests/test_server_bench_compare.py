@@ -250,12 +250,22 @@ def _fake_proc(root, processes):
         (root / str(pid) / "stat").write_text(f"{pid} (name with ) paren) " + " ".join(fields) + "\n")
 
 
-def test_other_cpu_counts_processes_outside_the_measured_groups(tmp_path):
+def _machine_busy(root, seconds):
+    ticks = os.sysconf("SC_CLK_TCK")
+    (root / "stat").write_text(f"cpu  {int(seconds * ticks)} 0 0 999999 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+
+
+def test_other_cpu_is_the_machine_s_busy_time_less_the_measured_server_and_the_client(tmp_path):
+    _machine_busy(tmp_path, 100.0)
     _fake_proc(tmp_path, {10: (1, 10, 5.0), 11: (10, 11, 1.0), 20: (1, 20, 2.0)})
     assert read_proc_table(tmp_path)[11] == (10, 11, "S", 1.0)
-    other = OtherCpu(proc=tmp_path)
+    ours = iter([50.0, 53.0])  # this process and the reaped client: 3 CPU-s during the run
+    other = OtherCpu(proc=tmp_path, ours=lambda: next(ours))
+    _machine_busy(tmp_path, 120.0)
     _fake_proc(tmp_path, {10: (1, 10, 9.0), 11: (10, 11, 3.0), 20: (1, 20, 2.5), 30: (1, 30, 1.0)})
-    assert other.seconds({10, 11}) == pytest.approx(0.5 + 1.0)  # pid 20's growth and new pid 30
+    # 20 busy - 6 for the server's groups 10 and 11 - 3 for ours: 11, of which other processes still
+    # alive show 1.5; the rest went to processes that ended meanwhile
+    assert other.seconds({10, 11}) == pytest.approx(11.0)
 
 
 def test_descendant_groups_follow_children_into_sessions_of_their_own(tmp_path):

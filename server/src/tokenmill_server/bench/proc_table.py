@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 PROC = Path("/proc")
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class ProcEntry(NamedTuple):
@@ -30,7 +30,7 @@ def read_proc_table(proc: Path = PROC) -> dict[int, ProcEntry]:
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # the name may hold ") "
             table[int(entry.name)] = ProcEntry(int(fields[1]), int(fields[2]), fields[0],
-                                               (int(fields[11]) + int(fields[12])) / _TICKS)
+                                               (int(fields[11]) + int(fields[12])) / TICKS)
         except (OSError, IndexError, ValueError):
             continue  # the process ended while we looked
     return table
