@@ -28,7 +28,14 @@ def build_workload(model: str, name: str, num_prompts: int | None = None, output
     spec["output_len"] = output_len or spec["output_len"]
     tokenizer = load_tokenizer(model)
     prompts = [chat_prompt_token_ids(tokenizer, c)[1] for c in chat_prompts(spec["num_prompts"])]
-    return {"name": name, "prompts": prompts, "output_len": spec["output_len"]}
+    return {"name": name, "prompts": prompts, "output_len": spec["output_len"], "ttft_prompt": ttft_prompt(prompts[0])}
+
+
+def ttft_prompt(prompt: list[int]) -> list[int]:
+    """The prompt every engine times a first token on, after its run: as long as ``prompt`` but with
+    another first token, so no engine answers it from the prefix cache its run just filled (vLLM
+    and tokenmill cache prefixes by default; llama.cpp's high-level API reuses its last prompt)."""
+    return [prompt[0] + 1 if prompt[0] > 0 else 1, *prompt[1:]]
 
 
 PEER_SCRIPTS = {"vllm": "vllm_engine.py", "llama.cpp": "llama_cpp_engine.py"}
