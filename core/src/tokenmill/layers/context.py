@@ -49,7 +49,8 @@ class ModelBuildContext:
 
     ``quantizer`` None means unquantized. ``attention_backend``, when set, validates every
     layer's AttentionSpec as it is built. ``layer_kernels`` (the platform's, or None for core's
-    PyTorch code) runs RMSNorm, rotary embedding and SiluAndMul; ``build_model`` hands it to them. ``kernel_choices`` records the linear kernel chosen for
+    PyTorch code) runs RMSNorm, rotary embedding and SiluAndMul; ``build_model`` hands it to them.
+    ``kernel_choices`` records the linear kernel chosen for
     each layer prefix (with the reasons faster kernels were rejected) for the startup report.
     """
 

@@ -6,7 +6,7 @@ up to more than the matrix products. A platform returns a ``LayerKernels`` from
 ``Platform.layer_kernels()`` (plugin API 1.2) to run each of them as one call. Every method returns
 its result, or None when it does not handle these inputs (a dtype, a layout): core then runs its own
 PyTorch code, which is also the reference the kernels are tested against. Results must match that
-code up to the order of floating-point sums.
+code up to rounding (the order of floating-point sums, the evaluation of functions such as exp).
 """
 
 from __future__ import annotations

@@ -73,17 +73,16 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         out = torch.empty_like(query)
         num_blocks = blocks.shape[1]
         block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
-        keys, values, slots = write if write is not None else (None, None, None)
-        if slots is not None and slots.dtype != torch.int64:
-            slots = slots.to(torch.int64)
+        stores = (None, 0, None, 0, None)
+        if write is not None:
+            keys, values, slots = write
+            slots = slots if slots.dtype == torch.int64 else slots.to(torch.int64)
+            stores = (keys.data_ptr(), keys.stride(0), values.data_ptr(), values.stride(0), slots.data_ptr())
         self._kernel(
             query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
             group.num_requests, spec.num_heads,
             spec.num_kv_heads, spec.head_size, block_size, num_blocks, tables.shape[1], spec.scale,
-            spec.sliding_window or 0, spec.logits_soft_cap or 0.0,
-            keys.data_ptr() if keys is not None else None, keys.stride(0) if keys is not None else 0,
-            values.data_ptr() if values is not None else None, values.stride(0) if values is not None else 0,
-            slots.data_ptr() if slots is not None else None,
+            spec.sliding_window or 0, spec.logits_soft_cap or 0.0, *stores,
         )
         return out
 

@@ -69,13 +69,6 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
             return f"in_features {spec.in_features} is not a multiple of the 32-weight ggml block"
         return native_unavailable()
 
-    def process_weights_after_loading(self, layer: Any) -> None:
-        """Precompute each row segment's byte offset, row count and type for ``apply``."""
-        super().process_weights_after_loading(layer)
-        row_bytes = layer.qweight.stride(0)
-        layer.gguf_cpu_segments = tuple((first * row_bytes, first, end - first, int(ggml_type))
-                                        for first, end, ggml_type in layer.gguf_segments)
-
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` from the blocks in ``layer.qweight``, one C call per row segment."""
         if x.dtype is not torch.float32:
@@ -85,19 +78,14 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
         if not rows.is_contiguous():
             rows = rows.contiguous()
         qweight = layer.qweight
-        count, out_features = rows.shape[0], qweight.shape[0]
+        count, out_features, row_bytes = rows.shape[0], qweight.shape[0], qweight.stride(0)
         out = rows.new_empty(count, out_features)
         matmul, x_pointer, w_pointer, y_pointer = load_matmul(), rows.data_ptr(), qweight.data_ptr(), out.data_ptr()
-        segments = getattr(layer, "gguf_cpu_segments", None)
-        if segments is None:
-            self.process_weights_after_loading(layer)
-            segments = layer.gguf_cpu_segments
-        for byte_offset, first, length, ggml_type in segments:
-            status = matmul(x_pointer, count, in_features, w_pointer + byte_offset, qweight.stride(0), length,
-                            ggml_type, y_pointer + 4 * first, out_features)
+        for first, end, ggml_type in layer.gguf_segments:  # pointers to row `first` of the weights and of y
+            status = matmul(x_pointer, count, in_features, w_pointer + first * row_bytes, row_bytes, end - first,
+                            int(ggml_type), y_pointer + 4 * first, out_features)
             if status != 0:
-                raise ValueError(f"the GGUF CPU kernel cannot read {GGMLType(ggml_type).name} rows of {in_features} "
-                                 "weights")
+                raise ValueError(f"the GGUF CPU kernel cannot read {ggml_type.name} rows of {in_features} weights")
         if bias is not None:
             out += bias
         return out.reshape(*x.shape[:-1], out_features)
