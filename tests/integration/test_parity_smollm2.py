@@ -132,10 +132,13 @@ def test_gguf_served_through_the_plugin_matches_hf_gguf_loading(hf_model, mixed_
 
 def test_gguf_packed_blocks_on_the_cpu_match_hf_gguf_loading(hf_model, mixed_prompts, monkeypatch):
     """The same GGUF with its Q4_1 blocks kept packed and multiplied in place by the CPU plugin's
-    C kernel (GGUF packed mode): the weights are the same floats, only rounding order differs."""
+    C kernel (GGUF packed mode): the weights are the same floats, only rounding order differs. At
+    most 8 requests at a time, so every decode step replays one of the CPU's decode graphs."""
     monkeypatch.setenv("TOKENMILL_GGUF_MODE", "packed")
-    llm = LLM(str(smollm2.gguf_path()), dtype="float32", kv_cache_memory="1GiB")
+    llm = LLM(str(smollm2.gguf_path()), dtype="float32", kv_cache_memory="1GiB", max_num_seqs=8)
     kernels = {type(m.kernel).name for m in llm.engine.core.runner.model.modules() if hasattr(m, "kernel")}
     assert "gguf-packed-cpu" in kernels
+    graphs = llm.engine.core.runner.decode_graphs
+    assert graphs is not None and graphs.buckets == (1, 2, 4, 8)
     exact = check_parity(hf_model, mixed_prompts, run(llm, mixed_prompts))
     assert exact >= len(mixed_prompts) - 2, f"only {exact}/{len(mixed_prompts)} exact (the rest are proven near-ties)"

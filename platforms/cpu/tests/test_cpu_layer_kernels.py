@@ -1,6 +1,7 @@
 """CpuLayerKernels against core's PyTorch layers: RMSNorm (with and without the residual add), rotary
-(full and partial, on the strided q/k views a fused qkv projection gives) and SiluAndMul, at decode
-and prefill row counts; unsupported inputs are declined; the platform hands them to the model."""
+(full and partial, on the strided q/k views a fused qkv projection gives), SiluAndMul and row gathers
+(embeddings, rotary angles), at decode and prefill row counts; unsupported inputs are declined; the
+platform hands them to the model."""
 
 from __future__ import annotations
 
@@ -69,6 +70,41 @@ def test_silu_and_mul_matches_torch(kernels, count):
     torch.testing.assert_close(got, want, rtol=4e-7, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_gather_rows_is_indexing(kernels, dtype):
+    table = (torch.randn(50, 24) * 100).to(dtype)
+    indices = torch.tensor([3, 0, 49, 3, 17], dtype=torch.int64)
+    got = kernels.gather_rows(table, indices)
+    assert got.dtype == dtype and torch.equal(got, table[indices])
+    assert kernels.gather_rows(table, indices[:0]).shape == (0, 24)
+
+
+def test_gather_rows_refuses_indices_outside_the_table(kernels):
+    table = torch.randn(10, 8)
+    for bad in (10, -1):
+        with pytest.raises(IndexError, match="out of range for a table of 10 rows"):
+            kernels.gather_rows(table, torch.tensor([1, bad]))
+
+
+def test_embedding_and_rotary_angles_gather_through_the_kernels(kernels):
+    from tokenmill.layers.embedding import VocabEmbedding
+    from tokenmill.layers.rotary import build_rotary
+    from transformers import LlamaConfig
+
+    embedding = VocabEmbedding(40, 16, dtype=torch.float32)
+    embedding.weight.data.normal_()
+    ids = torch.tensor([7, 39, 0, 7])
+    plain = embedding(ids)
+    embedding.kernels = kernels
+    assert torch.equal(embedding(ids), plain)
+    rotary = build_rotary(LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64), 16)
+    positions = torch.tensor([0, 5, 63])
+    want = rotary.angles(positions, torch.float32)
+    rotary.kernels = kernels
+    got = rotary.angles(positions, torch.float32)
+    assert torch.equal(got.cos, want.cos) and torch.equal(got.sin, want.sin) and got.cos.shape == (3, 1, 8)
+
+
 def test_unsupported_inputs_are_declined(kernels):
     weight = torch.ones(8, dtype=torch.bfloat16)
     assert kernels.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), weight, 1e-5) is None
@@ -78,6 +114,9 @@ def test_unsupported_inputs_are_declined(kernels):
     assert kernels.rotary(q, torch.randn(4, 2, 16), torch.randn(4, 1, 8), torch.randn(4, 1, 8)) is None
     assert kernels.rotary(torch.randn(2, 4, 16), torch.randn(2, 2, 16), torch.randn(2, 1, 16),
                           torch.randn(2, 1, 16)) is None  # rotary_dim above head_size
+    assert kernels.gather_rows(torch.randn(8, 4).t(), torch.tensor([1])) is None  # rows not contiguous
+    assert kernels.gather_rows(torch.randn(8, 4), torch.tensor([1], dtype=torch.int32)) is None
+    assert kernels.gather_rows(torch.randn(8, 4), torch.tensor([[1]])) is None
 
 
 def test_the_platform_hands_the_kernels_to_the_model(monkeypatch):
@@ -93,5 +132,6 @@ def test_the_platform_hands_the_kernels_to_the_model(monkeypatch):
     assert isinstance(layer.input_layernorm.kernels, CpuLayerKernels)
     assert isinstance(layer.mlp.act.kernels, CpuLayerKernels)
     assert isinstance(model.model.rotary.kernels, CpuLayerKernels)
+    assert isinstance(model.model.embed_tokens.kernels, CpuLayerKernels)
     monkeypatch.setenv(LAYER_KERNELS_ENV, "0")
     assert platform.layer_kernels() is None

@@ -59,6 +59,33 @@ def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_l
     torch.testing.assert_close(caches[1], caches[0], atol=0, rtol=0)
 
 
+def test_a_decode_plan_reads_the_batch_tensors_in_place():
+    """Planned once (as a decode graph plans at capture), a decode step stays right when the batch's
+    tables, lengths and slots are overwritten with another step's: the plan holds views, not copies."""
+    generator = torch.Generator().manual_seed(7)
+    block_size, num_blocks, width = 16, 64, 6
+    spec = AttentionSpec(9, 3, 64, 0.125, "float32", block_size=block_size)
+    first, second = (_batch([1, 1, 1], context, block_size, num_blocks, generator)
+                     for context in ([37, 15, 50], [70, 2, 41]))
+    static = _batch([1, 1, 1], [37, 15, 50], block_size, num_blocks, generator)
+    static.block_tables = torch.zeros(3, width, dtype=torch.int32)
+    native = CpuAttentionBackend()
+    metadata = native.plan(static)
+    assert metadata.decode_tables is static.block_tables and metadata.decode_lens is static.seq_lens
+    caches = [torch.randn(2, num_blocks, block_size, 3, 64, generator=generator) for _ in range(2)]
+    caches[1].copy_(caches[0])
+    for batch in (first, second):
+        static.block_tables.zero_()[:, : batch.block_tables.shape[1]].copy_(batch.block_tables)
+        static.seq_lens.copy_(batch.seq_lens)
+        static.slot_mapping.copy_(batch.slot_mapping)
+        q, k, v = (torch.randn(3, heads, 64, generator=generator) for heads in (9, 3, 3))
+        expected = ReferenceAttentionBackend().forward(spec, q, k, v, caches[0], ReferenceAttentionBackend().plan(batch))
+        actual = native.forward(spec, q, k, v, caches[1], metadata)
+        torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(caches[1], caches[0], atol=0, rtol=0)
+    assert native.plan(_batch([1, 4], [3, 0], block_size, num_blocks, generator)).decode_tables is None  # a prefill
+
+
 def test_selected_on_the_cpu_with_reasons_elsewhere():
     spec = AttentionSpec(9, 3, 64, 0.125, "float32")
     assert CpuAttentionBackend.validate(spec, "cpu") == []

@@ -87,8 +87,9 @@ def _attach_decode_graphs(config: EngineConfig, runner: ModelRunner) -> None:
     if new_graph is None:
         logger.info("decode graphs: off (%s)", reason)
         return
+    largest = min(config.max_num_seqs, platform.capabilities.graph_max_batch or config.max_num_seqs)
     runner.decode_graphs = DecodeGraphRunner(
-        runner.model, runner.backend, runner.kv_caches, max_num_seqs=config.max_num_seqs,
+        runner.model, runner.backend, runner.kv_caches, max_num_seqs=largest,
         max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=config.cache.block_size,
         device=runner.device, new_graph=new_graph)
     if runner.decode_graphs.capture():

@@ -6,17 +6,24 @@ import torch
 from torch import nn
 
 from tokenmill.layers.linear import Linear
-from tokenmill.plugin_api import LinearSpec, QuantKernel, Quantizer
+from tokenmill.plugin_api import LayerKernels, LinearSpec, QuantKernel, Quantizer
 
 
 class VocabEmbedding(nn.Module):
-    """A full-precision ``weight`` [vocab_size, hidden_size] looked up by token id."""
+    """A full-precision ``weight`` [vocab_size, hidden_size] looked up by token id (through the
+    platform's ``kernels.gather_rows`` when it takes the ids)."""
+
+    kernels: LayerKernels | None = None
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype | None = None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            rows = self.kernels.gather_rows(self.weight, input_ids)
+            if rows is not None:
+                return rows
         return nn.functional.embedding(input_ids, self.weight)
 
     def extra_repr(self) -> str:

@@ -122,9 +122,15 @@ class RotaryEmbedding(nn.Module):
 
     def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryAngles:
         """The angles of ``positions`` [T] (each below ``max_position``) in ``dtype``."""
-        cos = self.cos[positions].to(dtype).unsqueeze(-2)
-        sin = self.sin[positions].to(dtype).unsqueeze(-2)
-        return RotaryAngles(cos, sin, self.rotary_dim, self.kernels)
+        return RotaryAngles(self._lookup(self.cos, positions, dtype), self._lookup(self.sin, positions, dtype),
+                            self.rotary_dim, self.kernels)
+
+    def _lookup(self, table: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.kernels is not None and table.dtype == dtype:
+            rows = self.kernels.gather_rows(table, positions)
+            if rows is not None:
+                return rows.unsqueeze(-2)
+        return table[positions].to(dtype).unsqueeze(-2)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """Rotate ``query`` [T, H, head_size] and ``key`` [T, KVH, head_size] at ``positions`` [T]."""

@@ -12,6 +12,7 @@ from torch import nn
 
 from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.context import ModelBuildContext
+from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding
@@ -39,7 +40,7 @@ def as_hf_config(hf_config: Any) -> Any:
 
 def build_model(hf_config: Any, build: ModelBuildContext) -> nn.Module:
     """The registered model class for ``hf_config``, constructed with parameters on ``build.device``
-    (uninitialised until weights are loaded); its RMSNorm, rotary and SiluAndMul layers get
+    (uninitialised until weights are loaded); its RMSNorm, rotary, SiluAndMul and embedding layers get
     ``build.layer_kernels``."""
     hf_config = as_hf_config(hf_config)
     model_class = resolve_model_class(hf_config)
@@ -47,7 +48,7 @@ def build_model(hf_config: Any, build: ModelBuildContext) -> nn.Module:
         model = model_class(hf_config, build)
     if build.layer_kernels is not None:
         for module in model.modules():
-            if isinstance(module, (RMSNorm, RotaryEmbedding, SiluAndMul)):
+            if isinstance(module, (RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding)):
                 module.kernels = build.layer_kernels
     return model.eval()
 

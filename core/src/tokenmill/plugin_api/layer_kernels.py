@@ -35,3 +35,9 @@ class LayerKernels:
     def silu_and_mul(self, x: Any) -> Any | None:
         """``silu(gate) * up`` for ``x`` [T, 2 * d] laid out as ``(gate, up)``. Optional."""
         return None
+
+    def gather_rows(self, table: Any, indices: Any) -> Any | None:
+        """``table[indices]``: a new [T, D] tensor of the rows of ``table`` [N, D] at int64 ``indices``
+        [T], same dtype (token embeddings, the step's rotary angles). Raises IndexError for an index
+        outside ``[0, N)``. Optional (plugin API 1.3)."""
+        return None

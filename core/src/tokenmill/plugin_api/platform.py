@@ -73,6 +73,7 @@ class PlatformCapabilities:
     int8_dot: bool = False
     int4_dot: bool = False
     graph_capture: bool = False
+    graph_max_batch: int | None = None  # decode graphs only up to this batch size (None: max_num_seqs)
     pinned_memory: bool = False
     unified_memory: bool = False
     collectives: tuple[str, ...] = ("gloo",)

@@ -2,7 +2,9 @@
 
 # 1.1: optional Quantizer.quantize_checkpoint, Platform.create_graph, AttentionCapabilities.graph_capture
 # 1.2: optional Quantizer.quantizes_tied_lm_head, Platform.layer_kernels (LayerKernels)
-PLUGIN_API_VERSION: tuple[int, int] = (1, 2)
+# 1.3: optional LayerKernels.gather_rows, PlatformCapabilities.graph_max_batch, native_call recording
+#      (tokenmill.layers.native_calls) for CPU decode graphs
+PLUGIN_API_VERSION: tuple[int, int] = (1, 3)
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:

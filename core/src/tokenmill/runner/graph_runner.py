@@ -35,6 +35,12 @@ logger = logging.getLogger("tokenmill")
 NULL_BLOCK_ID = 0
 
 
+class GraphCaptureDeclined(RuntimeError):
+    """A graph's ``capture`` refusing a forward it cannot record faithfully (for example one that
+    runs operations its platform's graph does not replay). Steps then run eagerly; logged as
+    information, not as a failure."""
+
+
 def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
     """Padded batch sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, ... up to ``max_num_seqs``
     (included as the last bucket when it falls between two of them)."""
@@ -179,6 +185,10 @@ class DecodeGraphRunner:
             self._seq_lens_cpu = [1] * bucket
             try:
                 graph.capture(lambda b=bucket: self._plan(b), lambda metadata, b=bucket: self._forward(b, metadata))
+            except GraphCaptureDeclined as reason:
+                self.graphs.clear()
+                logger.info("decode graphs off: %s", reason)
+                return False
             except Exception as error:  # the device refused to record this forward; serve eagerly instead
                 self.graphs.clear()
                 logger.warning("decode graphs off: capturing batch size %d failed: %s", bucket, error)

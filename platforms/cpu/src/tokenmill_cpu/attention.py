@@ -3,18 +3,33 @@
 Decode rows (one query per request, float32 cache) attend in place over the cache blocks through
 ``kernels/paged_decode.c`` — no per-layer gather of keys and values, one call per layer for all
 requests. Prefill chunks and other dtypes take the plain-PyTorch reference path unchanged.
+
+A decode-only step's plan also carries the batch's own block tables, sequence lengths and slots
+(views, not copies), and the kernel reads those: planned once for a decode graph's static buffers,
+every replay sees the buffers' current contents (``graph_capture``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import AttentionCapabilities, AttentionSpec
-from tokenmill.reference.attention import AttentionGroup, ReferenceAttentionBackend
+from tokenmill.layers.native_calls import native_call
+from tokenmill.plugin_api import AttentionBatch, AttentionCapabilities, AttentionSpec
+from tokenmill.reference.attention import AttentionGroup, ReferenceAttentionBackend, ReferenceAttentionMetadata
 
 from tokenmill_cpu.kernels.native import MAX_GROUP, MAX_HEAD_SIZE, load_library, unavailable_reason
+
+
+@dataclass
+class CpuAttentionMetadata(ReferenceAttentionMetadata):
+    """The reference plan, plus for a decode-only step the batch's int32 block tables [requests,
+    width] (unit inner stride) and int32 sequence lengths [requests], as the batch holds them."""
+
+    decode_tables: torch.Tensor | None = None
+    decode_lens: torch.Tensor | None = None
 
 
 class CpuAttentionBackend(ReferenceAttentionBackend):
@@ -25,6 +40,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         device_types=("cpu",),
         dtypes=("float32", "float16", "bfloat16"),
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        graph_capture=True,
     )
 
     @classmethod
@@ -42,6 +58,16 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         super().__init__(device)
         self._kernel = load_library().paged_decode_f32
 
+    def plan(self, batch: AttentionBatch) -> CpuAttentionMetadata:
+        """The reference plan; a decode-only step also keeps views of its tables and lengths."""
+        planned = super().plan(batch)
+        tables, lens = batch.block_tables, batch.seq_lens
+        direct = (batch.max_query_len == 1 and tables.dtype == torch.int32 and tables.dim() == 2
+                  and tables.stride(1) == 1 and lens.dtype == torch.int32 and lens.is_contiguous()
+                  and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous())
+        return CpuAttentionMetadata(planned.slot_mapping, planned.num_tokens, planned.groups,
+                                    tables if direct else None, lens if direct else None)
+
     def forward(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
         """A step that is one decode group writes its keys and values inside the native call; any
@@ -50,14 +76,16 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         if len(groups) == 1 and groups[0].token_index is None and _rows_of_heads(key) and _rows_of_heads(value):
             blocks = kv_cache.view(2, kv_cache.shape[1], -1)
             if self._native(spec, query, blocks, groups[0]):
-                return self._decode(spec, query, blocks, groups[0], (key, value, metadata.slot_mapping))
+                tables = getattr(metadata, "decode_tables", None)
+                inputs = (tables, metadata.decode_lens) if tables is not None else _native_inputs(groups[0])
+                return self._decode(spec, query, blocks, groups[0], inputs, (key, value, metadata.slot_mapping))
         return super().forward(spec, query, key, value, kv_cache, metadata)
 
     def _attend(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 blocks: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
         if not self._native(spec, query, blocks, group):
             return super()._attend(spec, query, key, value, blocks, group)
-        return self._decode(spec, query, blocks, group)
+        return self._decode(spec, query, blocks, group, _native_inputs(group))
 
     @staticmethod
     def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup) -> bool:
@@ -65,10 +93,12 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
                 and spec.head_size <= MAX_HEAD_SIZE and spec.num_heads // spec.num_kv_heads <= MAX_GROUP)
 
     def _decode(self, spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup,
+                inputs: tuple[torch.Tensor, torch.Tensor],
                 write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """The native kernel over a decode group; with ``write`` = (keys, values, int64 slots) it first
-        stores each request's new key and value in the cache."""
-        tables, lens = _native_inputs(group)
+        """The native kernel over a decode group with ``inputs`` = (int32 block tables, int32 sequence
+        lengths); with ``write`` = (keys, values, int64 slots) it first stores each request's new key
+        and value in the cache."""
+        tables, lens = inputs
         query = query.contiguous()
         out = torch.empty_like(query)
         num_blocks = blocks.shape[1]
@@ -78,11 +108,10 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
             keys, values, slots = write
             slots = slots if slots.dtype == torch.int64 else slots.to(torch.int64)
             stores = (keys.data_ptr(), keys.stride(0), values.data_ptr(), values.stride(0), slots.data_ptr())
-        self._kernel(
-            query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-            group.num_requests, spec.num_heads,
-            spec.num_kv_heads, spec.head_size, block_size, num_blocks, tables.shape[1], spec.scale,
-            spec.sliding_window or 0, spec.logits_soft_cap or 0.0, *stores,
+        native_call(
+            self._kernel, query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+            group.num_requests, spec.num_heads, spec.num_kv_heads, spec.head_size, block_size, num_blocks,
+            tables.stride(0), spec.scale, spec.sliding_window or 0, spec.logits_soft_cap or 0.0, *stores,
         )
         return out
 

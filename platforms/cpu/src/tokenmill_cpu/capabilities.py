@@ -6,10 +6,15 @@ from tokenmill.plugin_api import Fp8Format, PlatformCapabilities
 
 from tokenmill_cpu.isa import has_int8_dot, has_native_bf16, has_native_fp16
 
+# A CPU decode graph keeps every activation of its forward alive (about 1 MiB per token of batch for a
+# 135M-parameter model); past this batch size the kernels, not Python, dominate a step anyway.
+GRAPH_MAX_BATCH = 16
+
 
 def cpu_capabilities(isa: tuple[str, ...]) -> PlatformCapabilities:
     """bfloat16 leads only with native bf16 instructions, otherwise float32 does; float16 is
-    listed (last: bf16-trained weights can overflow it) only with native fp16 arithmetic."""
+    listed (last: bf16-trained weights can overflow it) only with native fp16 arithmetic. Decode
+    graphs (``CpuDecodeGraph``) are offered up to ``GRAPH_MAX_BATCH`` requests."""
     dtypes = ("bfloat16", "float32") if has_native_bf16(isa) else ("float32", "bfloat16")
     if has_native_fp16(isa):
         dtypes += ("float16",)
@@ -19,7 +24,8 @@ def cpu_capabilities(isa: tuple[str, ...]) -> PlatformCapabilities:
         fp8_compute=False,
         int8_dot=has_int8_dot(isa),
         int4_dot=False,
-        graph_capture=False,
+        graph_capture=True,
+        graph_max_batch=GRAPH_MAX_BATCH,
         pinned_memory=False,
         unified_memory=True,
         collectives=("gloo",),

@@ -1,4 +1,5 @@
-"""CpuLayerKernels: RMSNorm (with its residual add), rotary embedding and SiluAndMul as one C call each.
+"""CpuLayerKernels: RMSNorm (with its residual add), rotary embedding, SiluAndMul and row gathers as
+one C call each.
 
 A decode step of a 30-layer model otherwise runs some 60 small tensor operations per layer outside
 the matrix products; at one token each costs more in dispatch than in arithmetic. The kernels are
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LayerKernels
 
@@ -33,6 +35,8 @@ def load_layer_ops() -> ctypes.CDLL:
     library.silu_and_mul_f32.argtypes = [pointer, i64, i64, i64, pointer]
     for function in (library.rms_norm_f32, library.rotary_f32, library.silu_and_mul_f32):
         function.restype = None
+    library.gather_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer]
+    library.gather_rows.restype = i64
     return library
 
 
@@ -78,15 +82,15 @@ class CpuLayerKernels(LayerKernels):
         count, hidden = x2d.shape
         normed = torch.empty(x.shape, dtype=FLOAT32)
         if residual is None:
-            self._library.rms_norm_f32(x2d.data_ptr(), x_stride, None, 0, weight.data_ptr(), eps, count, hidden,
-                                       normed.data_ptr(), None)
+            native_call(self._library.rms_norm_f32, x2d.data_ptr(), x_stride, None, 0, weight.data_ptr(), eps, count,
+                        hidden, normed.data_ptr(), None)
             return normed
         residual_rows = _rows(residual)
         if residual_rows is None or residual.shape != x.shape:
             return None
         total = torch.empty(x.shape, dtype=FLOAT32)
-        self._library.rms_norm_f32(x2d.data_ptr(), x_stride, residual_rows[0].data_ptr(), residual_rows[1],
-                                   weight.data_ptr(), eps, count, hidden, normed.data_ptr(), total.data_ptr())
+        native_call(self._library.rms_norm_f32, x2d.data_ptr(), x_stride, residual_rows[0].data_ptr(),
+                    residual_rows[1], weight.data_ptr(), eps, count, hidden, normed.data_ptr(), total.data_ptr())
         return normed, total
 
     def rotary(self, query: Any, key: Any, cos: Any, sin: Any) -> tuple[Any, Any] | None:
@@ -102,9 +106,9 @@ class CpuLayerKernels(LayerKernels):
             return None
         q_out = torch.empty(query.shape, dtype=FLOAT32)
         k_out = torch.empty(key.shape, dtype=FLOAT32)
-        self._library.rotary_f32(query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride, key.shape[1],
-                                 count, head_size, rotary_dim, cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(),
-                                 k_out.data_ptr())
+        native_call(self._library.rotary_f32, query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride,
+                    key.shape[1], count, head_size, rotary_dim, cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(),
+                    k_out.data_ptr())
         return q_out, k_out
 
     def silu_and_mul(self, x: Any) -> Any | None:
@@ -115,5 +119,20 @@ class CpuLayerKernels(LayerKernels):
         x2d, x_stride = rows
         count, width = x2d.shape
         out = torch.empty(*x.shape[:-1], width // 2, dtype=FLOAT32)
-        self._library.silu_and_mul_f32(x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
+        native_call(self._library.silu_and_mul_f32, x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
+        return out
+
+    def gather_rows(self, table: Any, indices: Any) -> Any | None:
+        """``table[indices]`` by copying whole rows of a contiguous table; IndexError for an index
+        outside it."""
+        if table.dim() != 2 or not table.is_contiguous() or indices.dtype is not torch.int64 or indices.dim() != 1:
+            return None
+        if not indices.is_contiguous() or table.device.type != "cpu" or indices.device.type != "cpu":
+            return None
+        out = torch.empty(indices.shape[0], table.shape[1], dtype=table.dtype)
+        refused = native_call(self._library.gather_rows, table.data_ptr(), table.shape[0],
+                              table.shape[1] * table.element_size(), indices.data_ptr(), indices.shape[0],
+                              out.data_ptr())
+        if refused:
+            raise IndexError(f"{refused} index(es) out of range for a table of {table.shape[0]} rows")
         return out

@@ -95,6 +95,13 @@ class CpuPlatform(Platform):
         torch's default CPU GEMM); with GGUF's packed mode, its C kernel over the raw blocks."""
         return ("onednn-linear", "gguf-dequantized-onednn", "gguf-packed-cpu")
 
+    def create_graph(self) -> Any:
+        """A new CpuDecodeGraph: a decode forward recorded as its native kernel calls, declined
+        (steps run eagerly) when the forward also runs PyTorch operations."""
+        from tokenmill_cpu.decode_graph import CpuDecodeGraph  # imports torch
+
+        return CpuDecodeGraph()
+
     def layer_kernels(self) -> LayerKernels | None:
         """RMSNorm, rotary and SiluAndMul in C (``CpuLayerKernels``) when a C compiler can build them;
         ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's PyTorch code."""

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer
 from tokenmill_quant_gguf.ggml_type import GGMLType
@@ -82,8 +83,8 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
         out = rows.new_empty(count, out_features)
         matmul, x_pointer, w_pointer, y_pointer = load_matmul(), rows.data_ptr(), qweight.data_ptr(), out.data_ptr()
         for first, end, ggml_type in layer.gguf_segments:  # pointers to row `first` of the weights and of y
-            status = matmul(x_pointer, count, in_features, w_pointer + first * row_bytes, row_bytes, end - first,
-                            int(ggml_type), y_pointer + 4 * first, out_features)
+            status = native_call(matmul, x_pointer, count, in_features, w_pointer + first * row_bytes, row_bytes,
+                                 end - first, int(ggml_type), y_pointer + 4 * first, out_features)
             if status != 0:
                 raise ValueError(f"the GGUF CPU kernel cannot read {ggml_type.name} rows of {in_features} weights")
         if bias is not None:

@@ -1,6 +1,7 @@
 /* Fused per-token layers for float32 activations: residual add + RMSNorm, NeoX rotary embedding of
- * queries and keys, and SiLU-gated multiply. Each replaces a chain of small tensor operations whose
- * dispatch costs more than their arithmetic at decode batch sizes.
+ * queries and keys, SiLU-gated multiply, and a row gather (token embeddings, rotary angles). Each
+ * replaces a chain of small tensor operations whose dispatch costs more than their arithmetic at
+ * decode batch sizes.
  *
  * Elementwise arithmetic follows core's PyTorch code operation by operation (no contraction into
  * FMAs, no reassociation: the pragma below overrides the build's -fassociative-math), so rotary
@@ -103,4 +104,21 @@ void silu_and_mul_f32(const float *x, int64_t x_stride, int64_t T, int64_t d, fl
         float *o = out + t * d;
         for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
     }
+}
+
+/* out[t] = table[indices[t]] for rows of row_bytes bytes (any dtype). An index outside
+ * [0, num_rows) yields a zero row and is counted: the return value is the number of such indices. */
+int64_t gather_rows(const char *table, int64_t num_rows, int64_t row_bytes, const int64_t *indices, int64_t T,
+                    char *out) {
+    int64_t refused = 0;
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = indices[t];
+        if (row < 0 || row >= num_rows) {
+            memset(out + t * row_bytes, 0, (size_t)row_bytes);
+            ++refused;
+        } else {
+            memcpy(out + t * row_bytes, table + row * row_bytes, (size_t)row_bytes);
+        }
+    }
+    return refused;
 }

@@ -1,0 +1,86 @@
+"""CpuDecodeGraph on its own: a forward of native calls over static buffers is recorded and replayed on
+the buffers' new contents (same output tensor, same results as running the forward again); any
+PyTorch operation besides allocations and views declines the capture; native_call records only
+inside a recording."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmill.layers.native_calls import NativeRecording, native_call
+from tokenmill.runner.graph_runner import GraphCaptureDeclined
+from tokenmill_cpu.capabilities import GRAPH_MAX_BATCH
+from tokenmill_cpu.decode_graph import CpuDecodeGraph
+from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable
+from tokenmill_cpu.platform import CpuPlatform
+
+pytestmark = pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler for the layer kernels")
+
+
+class NativeStep:
+    """Embedding lookup, residual add + RMSNorm, gated activation: native calls on static ids."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.kernels = CpuLayerKernels()
+        self.table = torch.randn(30, 16)
+        self.residual = torch.randn(4, 8)
+        self.weight = torch.rand(8) + 0.5
+        self.ids = torch.zeros(4, dtype=torch.int64)  # the static input buffer
+
+    def forward(self, metadata: object = None) -> torch.Tensor:
+        gate_up = self.kernels.gather_rows(self.table, self.ids)
+        hidden = self.kernels.silu_and_mul(gate_up)
+        normed, _ = self.kernels.rms_norm(hidden, self.weight, 1e-5, self.residual)
+        return normed.view(2, 2, 8)
+
+
+def test_replay_reruns_the_calls_on_the_buffers_new_contents():
+    step = NativeStep()
+    graph = CpuDecodeGraph()
+    graph.capture(lambda: None, step.forward)
+    assert graph.num_calls == 3
+    first = graph.replay()
+    for ids in ([1, 2, 3, 4], [29, 0, 29, 7]):
+        step.ids.copy_(torch.tensor(ids))
+        out = graph.replay()
+        assert out is first  # one output buffer, overwritten by every replay
+        assert torch.equal(out, step.forward())
+
+
+def test_torch_operations_decline_the_capture():
+    step = NativeStep()
+
+    def with_an_add(metadata):
+        return step.forward(metadata) + 1
+
+    with pytest.raises(GraphCaptureDeclined, match="aten.add.Tensor outside a native kernel"):
+        CpuDecodeGraph().capture(lambda: None, with_an_add)
+    with pytest.raises(GraphCaptureDeclined, match="no native calls"):
+        CpuDecodeGraph().capture(lambda: None, lambda metadata: step.table[:2].view(-1))
+    with pytest.raises(RuntimeError, match="before capture"):
+        CpuDecodeGraph().replay()
+
+
+def test_native_call_records_only_inside_a_recording():
+    kernels = CpuLayerKernels()
+    function = kernels._library.gather_rows
+    table, ids = torch.arange(6.0).view(3, 2), torch.tensor([2])
+    out = torch.empty(1, 2)
+    args = (table.data_ptr(), 3, 8, ids.data_ptr(), 1, out.data_ptr())
+    assert native_call(function, *args) == 0 and out.tolist() == [[4.0, 5.0]]
+    with NativeRecording() as recording:
+        native_call(function, *args)
+        with pytest.raises(RuntimeError, match="already open"), NativeRecording():
+            pass
+    assert recording.calls == [(function, args)]
+    out.zero_()
+    recording.replay()
+    assert out.tolist() == [[4.0, 5.0]]
+
+
+def test_the_platform_offers_graphs_for_small_batches():
+    platform = CpuPlatform()
+    assert platform.capabilities.graph_capture and platform.capabilities.graph_max_batch == GRAPH_MAX_BATCH
+    assert isinstance(platform.create_graph(), CpuDecodeGraph)
