@@ -34,14 +34,15 @@ def _batch(query_lens, context_lens, block_size, num_blocks, generator):
 
 @pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80)])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (7, None), (None, 30.0)])
-@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1, 5, 1, 3]])
+@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1] * 9, [1, 5, 1, 3]],
+                         ids=["4-decodes", "9-decodes", "mixed"])  # 9: one task per request, all kv heads
 @pytest.mark.parametrize("fused_qkv", [False, True], ids=["separate", "qkv-views"])
 def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_lens, fused_qkv):
     generator = torch.Generator().manual_seed(heads * 100 + head_size)
     block_size, num_blocks = 16, 64
     spec = AttentionSpec(heads, kv_heads, head_size, head_size**-0.5, "float32", block_size=block_size,
                          sliding_window=window, logits_soft_cap=soft_cap)
-    batch = _batch(query_lens, [0, 37, 15, 50], block_size, num_blocks, generator)
+    batch = _batch(query_lens, [0, 37, 15, 50, 3, 64, 16, 1, 29][: len(query_lens)], block_size, num_blocks, generator)
     shape = (2, num_blocks, block_size, kv_heads, head_size)
     caches = [torch.randn(shape, generator=generator) for _ in range(2)]
     caches[1].copy_(caches[0])
