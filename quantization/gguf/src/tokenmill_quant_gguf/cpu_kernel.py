@@ -27,6 +27,7 @@ from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
 
 SOURCE = Path(__file__).parent / "kernels" / "gguf_matmul.c"
 NATIVE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0)
+ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @lru_cache(maxsize=1)
@@ -45,19 +46,20 @@ def native_unavailable() -> str | None:
 
 
 class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
-    """Packed GGUF weights on the CPU: a C kernel over the raw blocks (float32 activations)."""
+    """Packed GGUF weights on the CPU: a C kernel over the raw blocks, in float32 (half-precision
+    activations are widened on the way in and rounded back on the way out)."""
 
     name = "gguf-packed-cpu"
     gguf_layout: ClassVar[str] = "packed"
 
     @classmethod
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
-        """CPU, float32 activations, the packed layout allowed, a C compiler; all of the layer's
-        shards in Q4_0, Q4_1 or Q8_0 with whole blocks per row."""
+        """CPU, float32 / bfloat16 / float16 activations, the packed layout allowed, a C compiler; all
+        of the layer's shards in Q4_0, Q4_1 or Q8_0 with whole blocks per row."""
         if device_type != "cpu":
             return f"the GGUF CPU kernel runs on the CPU, not {device_type}"
-        if spec.dtype != "float32":
-            return f"dtype {spec.dtype} not supported (float32 activations only)"
+        if spec.dtype not in ACTIVATION_DTYPES:
+            return f"dtype {spec.dtype} not supported ({', '.join(ACTIVATION_DTYPES)} activations only)"
         refused = super().supports(quantizer, spec, device_type, caps)
         if refused:
             return refused
@@ -73,7 +75,8 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` from the blocks in ``layer.qweight``, one C call per row segment."""
         if x.dtype is not torch.float32:
-            return super().apply(layer, x, bias)
+            wide = self.apply(layer, x.float(), bias.float() if bias is not None else None)
+            return wide.to(x.dtype)
         in_features = x.shape[-1]
         rows = x if x.dim() == 2 else x.reshape(-1, in_features)
         if not rows.is_contiguous():
