@@ -1,12 +1,19 @@
-"""The benchmark workload's time-to-first-token prompt: same length, no shared prefix with the run."""
+"""The benchmark workload's time-to-first-token prompts: same length, no shared prefix with the run
+or with each other."""
 
 from __future__ import annotations
 
-from tokenmill.benchmarks.harness import ttft_prompt
+from tokenmill.benchmarks.harness import ttft_prompts
 
 
-def test_ttft_prompt_shares_no_prefix_but_the_length():
+def test_ttft_prompts_share_no_prefix_but_the_length():
     prompt = [1, 9690, 198, 2683]
-    probe = ttft_prompt(prompt)
-    assert len(probe) == len(prompt) and probe[0] != prompt[0] and probe[1:] == prompt[1:]
-    assert ttft_prompt([0, 5])[0] == 1
+    probes = ttft_prompts(prompt)
+    assert len(probes) == 5
+    assert all(len(probe) == len(prompt) and probe[1:] == prompt[1:] for probe in probes)
+    assert len({probe[0] for probe in probes} | {prompt[0]}) == 6
+
+
+def test_ttft_prompts_stay_inside_the_vocabulary():
+    assert [probe[0] for probe in ttft_prompts([0, 5], count=3)] == [1, 2, 3]
+    assert [probe[0] for probe in ttft_prompts([49151, 5], count=2)] == [49150, 49149]

@@ -7,6 +7,7 @@ Each engine runs alone in its own process so memory, threads and warm caches nev
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from typing import Any
@@ -47,11 +48,14 @@ def run_hf(model: str, workload: dict[str, Any], options: dict[str, Any]) -> dic
         result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": out[:, width:].numel(),
                   "output_tok_s": out[:, width:].numel() / elapsed, "outputs": out[:, width:].tolist()}
         if len(prompts) == 1:
-            probe = torch.tensor([workload.get("ttft_prompt", prompts[0])])
-            started = time.perf_counter()
-            hf.generate(probe, attention_mask=torch.ones_like(probe), max_new_tokens=1, do_sample=False,
-                        pad_token_id=pad)
-            result["ttft_s"] = time.perf_counter() - started
+            samples = []
+            for probe_ids in workload["ttft_prompts"]:
+                probe = torch.tensor([probe_ids])
+                started = time.perf_counter()
+                hf.generate(probe, attention_mask=torch.ones_like(probe), max_new_tokens=1, do_sample=False,
+                            pad_token_id=pad)
+                samples.append(time.perf_counter() - started)
+            result.update(ttft_s=statistics.median(samples), ttft_samples_s=samples)
             result["decode_tok_s"] = (output_len - 1) / max(elapsed - result["ttft_s"], 1e-9)
     return result
 
@@ -75,10 +79,12 @@ def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any])
         if outputs[0].metrics is not None:  # the run's own first token (first prefill of this length)
             metrics = outputs[0].metrics
             result["ttft_in_run_s"] = metrics.first_token_time - metrics.arrival_time
-        probe = [{"prompt_token_ids": workload.get("ttft_prompt", workload["prompts"][0])}]
-        started = time.perf_counter()
-        llm.generate(probe, params.clone(max_tokens=1), use_tqdm=False)
-        result["ttft_s"] = time.perf_counter() - started
+        samples = []
+        for probe in workload["ttft_prompts"]:
+            started = time.perf_counter()
+            llm.generate([{"prompt_token_ids": probe}], params.clone(max_tokens=1), use_tqdm=False)
+            samples.append(time.perf_counter() - started)
+        result.update(ttft_s=statistics.median(samples), ttft_samples_s=samples)
         result["decode_tok_s"] = (generated - 1) / max(elapsed - result["ttft_s"], 1e-9)
     return result
 

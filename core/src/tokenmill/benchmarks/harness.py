@@ -28,14 +28,16 @@ def build_workload(model: str, name: str, num_prompts: int | None = None, output
     spec["output_len"] = output_len or spec["output_len"]
     tokenizer = load_tokenizer(model)
     prompts = [chat_prompt_token_ids(tokenizer, c)[1] for c in chat_prompts(spec["num_prompts"])]
-    return {"name": name, "prompts": prompts, "output_len": spec["output_len"], "ttft_prompt": ttft_prompt(prompts[0])}
+    return {"name": name, "prompts": prompts, "output_len": spec["output_len"], "ttft_prompts": ttft_prompts(prompts[0])}
 
 
-def ttft_prompt(prompt: list[int]) -> list[int]:
-    """The prompt every engine times a first token on, after its run: as long as ``prompt`` but with
-    another first token, so no engine answers it from the prefix cache its run just filled (vLLM
-    and tokenmill cache prefixes by default; llama.cpp's high-level API reuses its last prompt)."""
-    return [prompt[0] + 1 if prompt[0] > 0 else 1, *prompt[1:]]
+def ttft_prompts(prompt: list[int], count: int = 5) -> list[list[int]]:
+    """The prompts every engine times a first token on, after its run (its TTFT is their median):
+    each as long as ``prompt`` but with another first token, so none shares a prefix with the run or
+    with another probe (vLLM and tokenmill cache prefixes by default; llama.cpp's high-level API
+    reuses its last prompt)."""
+    step = -1 if prompt[0] >= count else 1  # stays inside the vocabulary either way
+    return [[prompt[0] + step * (index + 1), *prompt[1:]] for index in range(count)]
 
 
 PEER_SCRIPTS = {"vllm": "vllm_engine.py", "llama.cpp": "llama_cpp_engine.py"}

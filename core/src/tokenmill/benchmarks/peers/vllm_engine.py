@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -30,10 +31,13 @@ def main() -> None:
     result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": generated,
               "output_tok_s": generated / elapsed, "outputs": tokens}
     if len(prompts) == 1:
-        probe = TokensPrompt(prompt_token_ids=workload.get("ttft_prompt", workload["prompts"][0]))
-        started = time.perf_counter()
-        llm.generate([probe], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
-        result["ttft_s"] = time.perf_counter() - started
+        samples = []
+        for probe in workload["ttft_prompts"]:
+            started = time.perf_counter()
+            llm.generate([TokensPrompt(prompt_token_ids=probe)], SamplingParams(temperature=0.0, max_tokens=1),
+                         use_tqdm=False)
+            samples.append(time.perf_counter() - started)
+        result.update(ttft_s=statistics.median(samples), ttft_samples_s=samples)
         result["decode_tok_s"] = (generated - 1) / max(elapsed - result["ttft_s"], 1e-9)
     sys.stdout.write("\n@@RESULT@@" + json.dumps(result) + "\n")
 
