@@ -75,11 +75,12 @@ void rotary_f32(const float *q, int64_t q_stride, int64_t q_heads, const float *
     }
 }
 
-/* exp(x), x clamped to [-87.3, 88.3]: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor
- * polynomial (truncation below 0.1 ulp), times 2^n built in the exponent bits. Vectorises (no
- * library call). */
+/* exp(x): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial (truncation below
+ * 0.1 ulp), times 2^n built in the exponent bits; 0 below 2^-125 and infinity above 2^128, so no
+ * result or intermediate is ever subnormal. The clamp is on the result, not on x: a clamped x lets
+ * the compiler divide by the constant 1 + e^88 in every lane (subnormal quotients, a microcode
+ * assist each: SiLU ran 10x slower). Vectorises (no library call). */
 static inline float exp_approx(float x) {
-    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
     const float n = roundf(x * 1.44269504088896341f);
     const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
     float p = 1.0f / 5040.0f;
@@ -90,18 +91,19 @@ static inline float exp_approx(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    const float exponent = n < -125.0f ? -125.0f : n > 127.0f ? 127.0f : n;
+    const int32_t bits = ((int32_t)exponent + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
-    return p * scale;
+    return n < -125.0f ? 0.0f : n > 127.0f ? INFINITY : p * scale;
 }
 
 /* out[t] = silu(gate) * up for rows x[t] = (gate, up) of 2 * d floats, x_stride floats apart. */
 void silu_and_mul_f32(const float *x, int64_t x_stride, int64_t T, int64_t d, float *out) {
 #pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-        const float *gate = x + t * x_stride, *up = gate + d;
-        float *o = out + t * d;
+        const float *restrict gate = x + t * x_stride, *restrict up = gate + d;
+        float *restrict o = out + t * d;
         for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
     }
 }

@@ -23,10 +23,10 @@
 #define MAX_GROUP 64
 #define MAX_HEAD 256
 
-/* exp(x), x clamped to [-87.3, 88.3]: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor
- * polynomial, times 2^n built in the exponent bits (the layer kernels' SiLU uses the same). */
+/* exp(x): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial, times 2^n built in
+ * the exponent bits; 0 below 2^-125 and infinity above 2^128, never subnormal (the layer kernels'
+ * SiLU uses the same, which says why the clamp is on the result). */
 static inline float exp_approx(float x) {
-    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
     const float n = roundf(x * 1.44269504088896341f);
     const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
     float p = 1.0f / 5040.0f;
@@ -37,10 +37,11 @@ static inline float exp_approx(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    const float exponent = n < -125.0f ? -125.0f : n > 127.0f ? 127.0f : n;
+    const int32_t bits = ((int32_t)exponent + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
-    return p * scale;
+    return n < -125.0f ? 0.0f : n > 127.0f ? INFINITY : p * scale;
 }
 
 static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
