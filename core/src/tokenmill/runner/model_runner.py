@@ -18,6 +18,7 @@ from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionSpec
 from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder
+from tokenmill.runner.zeroed_memory import zeroed_tensor
 from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
 from tokenmill.sampling.sampler import Sampler
@@ -50,8 +51,8 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.specs: list[AttentionSpec] = model.attention_specs()
         self.kv_caches = [
-            torch.zeros(backend.kv_cache_shape(num_blocks, block_size, s.num_kv_heads, s.head_size),
-                        dtype=backend.kv_cache_torch_dtype(s), device=device)
+            zeroed_tensor(backend.kv_cache_shape(num_blocks, block_size, s.num_kv_heads, s.head_size),
+                          dtype=backend.kv_cache_torch_dtype(s), device=device)
             for s in self.specs
         ]
         max_blocks_per_seq = -(-max_model_len // block_size)

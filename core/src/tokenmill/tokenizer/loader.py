@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tokenmill.tokenizer.gguf_tokenizer import load_gguf_tokenizer
+
 # files that mean "this folder carries its own tokenizer", so a GGUF beside them is not needed
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -24,7 +26,7 @@ def load_tokenizer(
 
     ``model`` is a folder (with tokenizer files, or holding exactly one ``.gguf``), a ``.gguf``
     file, or a hub name. GGUF files carry their tokenizer, which transformers rebuilds (slowly for
-    large vocabularies, so load once and share).
+    large vocabularies: the result is cached per file, see ``gguf_tokenizer``).
     """
     from transformers import AutoTokenizer
 
@@ -40,9 +42,9 @@ def load_tokenizer(
             raise TokenizerLoadError(f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}) and no GGUF file.")
         gguf_file = candidates[0]
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
     try:
+        if gguf_file is not None:
+            return load_gguf_tokenizer(Path(location) / gguf_file, **kwargs)
         return AutoTokenizer.from_pretrained(str(location), **kwargs)
     except (OSError, ValueError, KeyError) as error:
         where = f"{location} (GGUF file {gguf_file})" if gguf_file else str(location)

@@ -60,10 +60,11 @@ class GGUFCheckpoint:
         return hf_config_from_gguf(self.file)
 
     def tokenizer(self) -> Any:
-        """The Hugging Face fast tokenizer (with the chat template) stored in the GGUF metadata."""
-        from transformers import AutoTokenizer
+        """The Hugging Face fast tokenizer (with the chat template) stored in the GGUF metadata,
+        converted on the first load of this file and cached (core's ``load_gguf_tokenizer``)."""
+        from tokenmill.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 
-        return AutoTokenizer.from_pretrained(os.path.dirname(self.path) or ".", gguf_file=os.path.basename(self.path))
+        return load_gguf_tokenizer(self.path)
 
     # -- tensors ---------------------------------------------------------------------------------
 

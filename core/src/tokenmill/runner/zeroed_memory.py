@@ -1,0 +1,23 @@
+"""zeroed_tensor: ``torch.zeros`` that writes nothing on the CPU, for the multi-GiB KV cache.
+
+``torch.zeros`` fills every byte, which for a CPU KV cache sized from free RAM (5.7 GiB by default
+on a 24 GiB machine) took 3-4 s of every start. Anonymous memory from the OS already reads as
+zeros and is backed page by page on first write, so on the CPU the cache is an anonymous mapping
+(page-aligned) viewed as a tensor: free to allocate, resident only as far as it is used.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+
+import torch
+
+
+def zeroed_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A tensor of zeros; on the CPU over a fresh anonymous mapping instead of written zeros."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    mapping = mmap.mmap(-1, nbytes)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)

@@ -1,0 +1,40 @@
+"""zeroed_tensor: zeros of any dtype and shape, on the CPU without writing the memory."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+import torch
+
+from tokenmill.runner.zeroed_memory import zeroed_tensor
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8])
+def test_zeros_of_the_shape_and_dtype(dtype):
+    tensor = zeroed_tensor((3, 5, 7), dtype, "cpu")
+    assert tensor.shape == (3, 5, 7) and tensor.dtype == dtype and tensor.is_contiguous()
+    assert torch.count_nonzero(tensor) == 0
+    tensor[1, 2, 3] = 1
+    assert tensor.sum().item() == 1
+
+
+def test_page_aligned_and_writable_after_the_caller_drops_other_references():
+    tensor = zeroed_tensor((1024, 16), torch.float32, torch.device("cpu"))
+    assert tensor.data_ptr() % 4096 == 0
+    view = tensor[3:]
+    del tensor
+    view.fill_(2.0)
+    assert view.sum().item() == 2.0 * view.numel()
+
+
+def test_empty_shape():
+    assert zeroed_tensor((0, 4), torch.float32, "cpu").numel() == 0
+
+
+def test_a_large_allocation_is_not_resident_until_written():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensor = zeroed_tensor((256, 1024, 1024), torch.uint8, "cpu")  # 256 MiB
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 1000  # 65536 pages if written
+    tensor[:1].fill_(1)
+    assert tensor[0].sum().item() == 1024 * 1024
