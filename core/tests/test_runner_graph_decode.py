@@ -11,7 +11,8 @@ from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, Platform, PlatformCapabilities, ProbeResult
 from tokenmill.reference.attention import ReferenceAttentionBackend
 from tokenmill.request import Request
-from tokenmill.runner.graph_runner import DecodeGraphRunner, EagerDecodeGraph, decode_buckets, decode_graph_factory
+from tokenmill.runner.graph_runner import (DecodeGraphRunner, EagerDecodeGraph, GraphCaptureDeclined, decode_buckets,
+                                          decode_graph_factory)
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler import Scheduler, SchedulerConfig
@@ -194,6 +195,37 @@ def test_a_refused_capture_leaves_every_step_eager(tiny_llama, caplog):
     scheduler_requests = requests(2, seed=4)
     outputs, decode_sizes = run_side_by_side(plain, runner, scheduler_requests)
     assert not graphs.graphs and decode_sizes and sum(map(len, outputs.values())) == sum(MAX_TOKENS[:2])
+
+
+class RowLimitedGraph(EagerDecodeGraph):
+    """A forward that is native (capturable) only up to two rows, as a dense CPU model's linear layers."""
+
+    def capture(self, plan, forward) -> None:
+        super().capture(plan, forward)
+        if self.bucket > 2:
+            raise GraphCaptureDeclined(f"{self.bucket} rows run outside a native kernel")
+
+
+def test_declining_buckets_leave_the_smaller_ones_captured(tiny_llama, caplog):
+    plain = make_runner(tiny_llama, ReferenceAttentionBackend())
+    runner = make_runner(tiny_llama, ReferenceAttentionBackend())
+    sizes = iter([8, 4, 2, 1])  # capture runs largest first
+
+    def new_graph():
+        graph = RowLimitedGraph()
+        graph.bucket = next(sizes)
+        return graph
+
+    graphs = DecodeGraphRunner(runner.model, runner.backend, runner.kv_caches, max_num_seqs=8,
+                               max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=BLOCK_SIZE,
+                               device=runner.device, new_graph=new_graph)
+    with caplog.at_level("INFO", logger="tokenmill"):
+        assert graphs.capture()
+    runner.decode_graphs = graphs
+    assert graphs.buckets == (1, 2) and set(graphs.graphs) == {1, 2}
+    assert "larger batch sizes run eagerly (batch size 4: 4 rows run outside a native kernel)" in caplog.text
+    outputs, decode_sizes = run_side_by_side(plain, runner, requests(5, seed=2))
+    assert any(size > 2 for size in decode_sizes) and sum(map(len, outputs.values())) == sum(MAX_TOKENS[:5])
 
 
 def test_a_frozen_plan_needs_a_backend_that_declares_graph_capture(tiny_llama):

@@ -49,10 +49,16 @@ class OneDnnLinearKernel(QuantKernel):
         layer.onednn_source = layer.weight.data_ptr()
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x @ weight.T (+ bias)``; reorders first if the weight changed since (or was never reordered)."""
+        """``x @ weight.T (+ bias)``: the platform's ``small_batch_linear`` when it takes these rows,
+        else oneDNN (reordering first if the weight changed since, or was never reordered)."""
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        kernels = getattr(layer, "kernels", None)
+        if kernels is not None and bias is None:
+            out = kernels.small_batch_linear(rows, layer.weight)
+            if out is not None:
+                return out.reshape(*shape[:-1], out.shape[-1])
         if getattr(layer, "onednn_source", None) != layer.weight.data_ptr():
             self.process_weights_after_loading(layer)
-        shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).contiguous(), layer.onednn_weight, bias,
-                                                 "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), layer.onednn_weight, bias, "none", [], "")
         return out.reshape(*shape[:-1], out.shape[-1])

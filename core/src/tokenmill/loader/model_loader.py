@@ -40,15 +40,15 @@ def as_hf_config(hf_config: Any) -> Any:
 
 def build_model(hf_config: Any, build: ModelBuildContext) -> nn.Module:
     """The registered model class for ``hf_config``, constructed with parameters on ``build.device``
-    (uninitialised until weights are loaded); its RMSNorm, rotary, SiluAndMul and embedding layers get
-    ``build.layer_kernels``."""
+    (uninitialised until weights are loaded); its RMSNorm, rotary, SiluAndMul, embedding and linear
+    layers get ``build.layer_kernels``."""
     hf_config = as_hf_config(hf_config)
     model_class = resolve_model_class(hf_config)
     with torch.device(build.device):
         model = model_class(hf_config, build)
     if build.layer_kernels is not None:
         for module in model.modules():
-            if isinstance(module, (RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding)):
+            if isinstance(module, (RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding, Linear)):
                 module.kernels = build.layer_kernels
     return model.eval()
 

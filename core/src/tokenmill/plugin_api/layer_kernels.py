@@ -2,7 +2,8 @@
 
 A decode step of a small model on a CPU runs tens of tiny tensor operations per layer (a residual
 add and RMSNorm, rotary embedding, the gated activation); each costs a dispatcher call, which adds
-up to more than the matrix products. A platform returns a ``LayerKernels`` from
+up to more than the matrix products. The matrix products of a decode step's few rows may also be
+the platform's own (``small_batch_linear``). A platform returns a ``LayerKernels`` from
 ``Platform.layer_kernels()`` (plugin API 1.2) to run each of them as one call. Every method returns
 its result, or None when it does not handle these inputs (a dtype, a layout): core then runs its own
 PyTorch code, which is also the reference the kernels are tested against. Results must match that
@@ -40,4 +41,11 @@ class LayerKernels:
         """``table[indices]``: a new [T, D] tensor of the rows of ``table`` [N, D] at int64 ``indices``
         [T], same dtype (token embeddings, the step's rotary angles). Raises IndexError for an index
         outside ``[0, N)``. Optional (plugin API 1.3)."""
+        return None
+
+    def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
+        """``x @ weight.T`` as a new [M, N] tensor for the few rows of a decode step, ``x`` [M, K] and
+        a float ``weight`` [N, K] (the layer's own, not a repacked copy); None above the row count
+        (or for the dtypes, layouts) where the platform's general matrix product is faster.
+        Optional (plugin API 1.4); asked by core's oneDNN linear kernel before every call."""
         return None

@@ -4,7 +4,8 @@
 # 1.2: optional Quantizer.quantizes_tied_lm_head, Platform.layer_kernels (LayerKernels)
 # 1.3: optional LayerKernels.gather_rows, PlatformCapabilities.graph_max_batch, native_call recording
 #      (tokenmill.layers.native_calls) for CPU decode graphs
-PLUGIN_API_VERSION: tuple[int, int] = (1, 3)
+# 1.4: optional LayerKernels.small_batch_linear (decode-step matrix products), asked by core's oneDNN linear
+PLUGIN_API_VERSION: tuple[int, int] = (1, 4)
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:

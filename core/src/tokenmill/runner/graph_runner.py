@@ -172,10 +172,13 @@ class DecodeGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> bool:
-        """Capture every bucket's graph, largest first (smaller ones reuse its memory). A model whose
-        forward cannot be captured (it synchronises with the host, e.g. MoE routing) leaves graphs off
-        with a warning: every step then runs eagerly. Returns whether graphs are on."""
+        """Capture every bucket's graph, largest first (smaller ones reuse its memory). A bucket whose
+        forward declines capture (GraphCaptureDeclined: e.g. a kernel that is native only up to some
+        rows) is dropped with the larger ones, and the smaller ones are still tried; steps above the
+        largest captured bucket run eagerly. A forward the device refuses to record (it synchronises
+        with the host, e.g. MoE routing) leaves graphs off with a warning. Returns whether graphs are on."""
         started = time.perf_counter()
+        declined: list[str] = []
         for bucket in reversed(self.buckets):
             graph = self._new_graph()
             if graph.freezes_plan and not self.backend.capabilities.graph_capture:
@@ -187,13 +190,19 @@ class DecodeGraphRunner:
                 graph.capture(lambda b=bucket: self._plan(b), lambda metadata, b=bucket: self._forward(b, metadata))
             except GraphCaptureDeclined as reason:
                 self.graphs.clear()
-                logger.info("decode graphs off: %s", reason)
-                return False
+                declined.append(f"batch size {bucket}: {reason}")
+                continue
             except Exception as error:  # the device refused to record this forward; serve eagerly instead
                 self.graphs.clear()
                 logger.warning("decode graphs off: capturing batch size %d failed: %s", bucket, error)
                 return False
             self.graphs[bucket] = graph
+        if not self.graphs:
+            logger.info("decode graphs off: %s", declined[-1] if declined else "no batch size captured")
+            return False
+        if declined:
+            logger.info("decode graphs: larger batch sizes run eagerly (%s)", declined[-1])
+        self.buckets = tuple(sorted(self.graphs))
         self.capture_seconds = time.perf_counter() - started
         kind = "captured" if self.graphs[self.buckets[-1]].freezes_plan else "prepared (eager)"
         logger.info("%s decode graphs for batch sizes %s in %.2f s", kind, list(self.buckets), self.capture_seconds)

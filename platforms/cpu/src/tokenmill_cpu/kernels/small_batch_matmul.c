@@ -1,0 +1,96 @@
+/* y = x @ w.T for a few rows of float32 x [M][K] (row stride ldx) and a float32 weight w [N][K]
+ * (row stride ldw), into y [M][ldy]: the matrix products of decode steps, where reading w once is
+ * the whole cost (a token of a 135M-parameter model reads 538 MB of float32 weights).
+ *
+ * Two weight rows at a time go against up to ROWS rows of x held in vector accumulators (sums in
+ * 16 lanes, then across them: only the order of the sums differs from x @ w.T). OpenMP gives each
+ * thread one contiguous range of weight rows, so each streams memory sequentially for the hardware
+ * prefetchers. Written with GCC vector extensions: AVX-512, AVX2 or NEON code from the same source.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#if defined(__AVX512F__)
+#define ROWS 8 /* 2 x 8 accumulators + operands fit the 32 vector registers */
+#else
+#define ROWS 4 /* a 16-lane vector is two (AVX2) or four (NEON) registers */
+#endif
+
+typedef float lanes __attribute__((vector_size(4 * LANES)));
+
+static inline lanes load(const float *p) {
+    lanes v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline float sum_lanes(lanes v) {
+    float s = 0.0f;
+    for (int i = 0; i < LANES; ++i) s += v[i];
+    return s;
+}
+
+/* y[m][0..PAIR) for rows m < rows of x against weight rows w0 (and w1 when PAIR is 2). */
+static inline __attribute__((always_inline)) void block(const float *x, int64_t ldx, int64_t rows, int64_t K,
+                                                         const float *w0, const float *w1, int pair, float *y,
+                                                         int64_t ldy) {
+    lanes first[ROWS], second[ROWS];
+    for (int64_t m = 0; m < rows; ++m) first[m] = second[m] = (lanes){0};
+    int64_t k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        const lanes u = load(w0 + k), v = pair == 2 ? load(w1 + k) : u;
+        for (int64_t m = 0; m < rows; ++m) {
+            const lanes xs = load(x + m * ldx + k);
+            first[m] += u * xs;
+            if (pair == 2) second[m] += v * xs;
+        }
+    }
+    for (int64_t m = 0; m < rows; ++m) {
+        float a = sum_lanes(first[m]), b = pair == 2 ? sum_lanes(second[m]) : 0.0f;
+        for (int64_t j = k; j < K; ++j) {
+            a += w0[j] * x[m * ldx + j];
+            if (pair == 2) b += w1[j] * x[m * ldx + j];
+        }
+        y[m * ldy] = a;
+        if (pair == 2) y[m * ldy + 1] = b;
+    }
+}
+
+/* block with the row count and the pairing as constants, so the accumulators stay in registers. */
+#define BLOCK(ROWS_N, PAIR)                                                                                     \
+    static void block_##ROWS_N##_##PAIR(const float *x, int64_t ldx, int64_t K, const float *w0, const float *w1, \
+                                        float *y, int64_t ldy) {                                               \
+        block(x, ldx, ROWS_N, K, w0, w1, PAIR, y, ldy);                                                        \
+    }
+#define BLOCKS(ROWS_N) BLOCK(ROWS_N, 1) BLOCK(ROWS_N, 2)
+BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4)
+#if ROWS == 8
+BLOCKS(5) BLOCKS(6) BLOCKS(7) BLOCKS(8)
+#endif
+
+typedef void (*block_fn)(const float *, int64_t, int64_t, const float *, const float *, float *, int64_t);
+static const block_fn SINGLE[ROWS] = {block_1_1, block_2_1, block_3_1, block_4_1,
+#if ROWS == 8
+                                      block_5_1, block_6_1, block_7_1, block_8_1
+#endif
+};
+static const block_fn PAIRED[ROWS] = {block_1_2, block_2_2, block_3_2, block_4_2,
+#if ROWS == 8
+                                      block_5_2, block_6_2, block_7_2, block_8_2
+#endif
+};
+
+void small_batch_matmul_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const float *w, int64_t N,
+                            int64_t ldw, float *y, int64_t ldy) {
+#pragma omp parallel for schedule(static)
+    for (int64_t pair = 0; pair < (N + 1) / 2; ++pair) {
+        const int64_t n = 2 * pair;
+        const block_fn *kernels = n + 1 < N ? PAIRED : SINGLE;
+        for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+            const int64_t rows = M - m0 < ROWS ? M - m0 : ROWS;
+            kernels[rows - 1](x + m0 * ldx, ldx, K, w + n * ldw, w + (n + 1 < N ? n + 1 : n) * ldw, y + m0 * ldy + n,
+                              ldy);
+        }
+    }
+}
