@@ -12,7 +12,7 @@ from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryAngles
-from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable
+from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable, load_small_batch_matmul
 from tokenmill_cpu.platform import LAYER_KERNELS_ENV, CpuPlatform
 
 pytestmark = pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler for the layer kernels")
@@ -105,6 +105,11 @@ def test_embedding_and_rotary_angles_gather_through_the_kernels(kernels):
     assert torch.equal(got.cos, want.cos) and torch.equal(got.sin, want.sin) and got.cos.shape == (3, 1, 8)
 
 
+SMALL_BATCH = pytest.mark.skipif(layer_ops_unavailable() is not None or not load_small_batch_matmul().offered,
+                                 reason="the small-batch matmul is offered on AVX-512 builds only")
+
+
+@SMALL_BATCH
 @pytest.mark.parametrize("rows", range(1, SMALL_BATCH_ROWS + 1))
 @pytest.mark.parametrize(("out_features", "in_features"), [(3072, 576), (49, 37), (1, 16), (5, 1)])
 def test_small_batch_linear_matches_the_float64_product(kernels, rows, out_features, in_features):
@@ -117,6 +122,7 @@ def test_small_batch_linear_matches_the_float64_product(kernels, rows, out_featu
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
 
 
+@SMALL_BATCH
 def test_small_batch_linear_reads_strided_rows_and_weights(kernels):
     torch.manual_seed(0)
     x = torch.randn(2, 100)[:, 3:67]  # rows 100 floats apart

@@ -117,6 +117,13 @@ def run_beside_eager(plain: ModelRunner, graphed: ModelRunner, graphs: DecodeGra
     assert {1, 2, 3} <= set(replayed), replayed  # 6 requests finish one by one
 
 
+def small_batch_matmul_offered() -> bool:
+    from tokenmill_cpu.layer_kernels import layer_ops_unavailable, load_small_batch_matmul
+
+    return layer_ops_unavailable() is None and load_small_batch_matmul().offered
+
+
+@pytest.mark.skipif(not small_batch_matmul_offered(), reason="the small-batch matmul is offered on AVX-512 builds only")
 def test_a_dense_model_captures_the_batch_sizes_its_linear_layers_run_natively(tmp_path, caplog):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).save_pretrained(tmp_path)

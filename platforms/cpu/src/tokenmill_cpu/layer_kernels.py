@@ -48,11 +48,15 @@ def load_layer_ops() -> ctypes.CDLL:
 
 @lru_cache(maxsize=1)
 def load_small_batch_matmul() -> Any:
-    """``small_batch_matmul_f32`` from its compiled library (NativeBuildError when there is no C compiler)."""
-    function = build_native_library(SMALL_BATCH_SOURCE, "CPU small-batch matmul").small_batch_matmul_f32
+    """``small_batch_matmul_f32`` from its compiled library, with ``offered`` (False where oneDNN stays
+    faster: builds without AVX-512); NativeBuildError when there is no C compiler."""
+    library = build_native_library(SMALL_BATCH_SOURCE, "CPU small-batch matmul")
+    function = library.small_batch_matmul_f32
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     function.argtypes = [pointer, i64, i64, i64, pointer, i64, i64, pointer, i64]
     function.restype = None
+    library.small_batch_matmul_offered.restype = ctypes.c_int
+    function.offered = bool(library.small_batch_matmul_offered())
     return function
 
 
@@ -156,7 +160,9 @@ class CpuLayerKernels(LayerKernels):
 
     def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
         """``x @ weight.T`` for up to ``SMALL_BATCH_ROWS`` float32 rows against a float32 weight whose
-        rows are contiguous; more rows go to oneDNN."""
+        rows are contiguous, on AVX-512 CPUs; more rows, and other CPUs, go to oneDNN."""
+        if not self._small_batch_matmul.offered:
+            return None
         if x.dtype is not FLOAT32 or weight.dtype is not FLOAT32 or x.dim() != 2 or weight.dim() != 2:
             return None
         rows, width = x.shape

@@ -5,16 +5,20 @@
  * Two weight rows at a time go against up to ROWS rows of x held in vector accumulators (sums in
  * 16 lanes, then across them: only the order of the sums differs from x @ w.T). OpenMP gives each
  * thread one contiguous range of weight rows, so each streams memory sequentially for the hardware
- * prefetchers. Written with GCC vector extensions: AVX-512, AVX2 or NEON code from the same source.
+ * prefetchers. Written with GCC vector extensions; only the AVX-512 build is offered
+ * (small_batch_matmul_offered): an AVX2 build of the same source ran 3-20x slower than the AVX-512
+ * build on the same CPU, so CPUs without AVX-512 keep oneDNN until a build is measured there.
  */
 #include <stdint.h>
 #include <string.h>
+
+#pragma GCC diagnostic ignored "-Wpsabi" /* 64-byte vectors between inlined helpers, without AVX-512 */
 
 #define LANES 16
 #if defined(__AVX512F__)
 #define ROWS 8 /* 2 x 8 accumulators + operands fit the 32 vector registers */
 #else
-#define ROWS 4 /* a 16-lane vector is two (AVX2) or four (NEON) registers */
+#define ROWS 2 /* a 16-lane vector is two (AVX2) or four (NEON) registers: 2 x 2 accumulators fit */
 #endif
 
 typedef float lanes __attribute__((vector_size(4 * LANES)));
@@ -64,20 +68,20 @@ static inline __attribute__((always_inline)) void block(const float *x, int64_t 
         block(x, ldx, ROWS_N, K, w0, w1, PAIR, y, ldy);                                                        \
     }
 #define BLOCKS(ROWS_N) BLOCK(ROWS_N, 1) BLOCK(ROWS_N, 2)
-BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4)
+BLOCKS(1) BLOCKS(2)
 #if ROWS == 8
-BLOCKS(5) BLOCKS(6) BLOCKS(7) BLOCKS(8)
+BLOCKS(3) BLOCKS(4) BLOCKS(5) BLOCKS(6) BLOCKS(7) BLOCKS(8)
 #endif
 
 typedef void (*block_fn)(const float *, int64_t, int64_t, const float *, const float *, float *, int64_t);
-static const block_fn SINGLE[ROWS] = {block_1_1, block_2_1, block_3_1, block_4_1,
+static const block_fn SINGLE[ROWS] = {block_1_1, block_2_1,
 #if ROWS == 8
-                                      block_5_1, block_6_1, block_7_1, block_8_1
+                                      block_3_1, block_4_1, block_5_1, block_6_1, block_7_1, block_8_1
 #endif
 };
-static const block_fn PAIRED[ROWS] = {block_1_2, block_2_2, block_3_2, block_4_2,
+static const block_fn PAIRED[ROWS] = {block_1_2, block_2_2,
 #if ROWS == 8
-                                      block_5_2, block_6_2, block_7_2, block_8_2
+                                      block_3_2, block_4_2, block_5_2, block_6_2, block_7_2, block_8_2
 #endif
 };
 
@@ -93,4 +97,13 @@ void small_batch_matmul_f32(const float *x, int64_t M, int64_t K, int64_t ldx, c
                               ldy);
         }
     }
+}
+
+/* 1 when this build should be used (AVX-512), 0 when oneDNN stays faster (see the header). */
+int small_batch_matmul_offered(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
 }
