@@ -10,6 +10,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -48,14 +49,12 @@ def run_hf(model: str, workload: dict[str, Any], options: dict[str, Any]) -> dic
         result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": out[:, width:].numel(),
                   "output_tok_s": out[:, width:].numel() / elapsed, "outputs": out[:, width:].tolist()}
         if len(prompts) == 1:
-            samples = []
-            for probe_ids in workload["ttft_prompts"]:
+            def first_token(probe_ids: list[int]) -> None:
                 probe = torch.tensor([probe_ids])
-                started = time.perf_counter()
                 hf.generate(probe, attention_mask=torch.ones_like(probe), max_new_tokens=1, do_sample=False,
                             pad_token_id=pad)
-                samples.append(time.perf_counter() - started)
-            result.update(ttft_s=statistics.median(samples), ttft_samples_s=samples)
+
+            result.update(_time_first_tokens(first_token, workload["ttft_prompts"]))
             result["decode_tok_s"] = (output_len - 1) / max(elapsed - result["ttft_s"], 1e-9)
     return result
 
@@ -79,14 +78,21 @@ def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any])
         if outputs[0].metrics is not None:  # the run's own first token (first prefill of this length)
             metrics = outputs[0].metrics
             result["ttft_in_run_s"] = metrics.first_token_time - metrics.arrival_time
-        samples = []
-        for probe in workload["ttft_prompts"]:
-            started = time.perf_counter()
-            llm.generate([{"prompt_token_ids": probe}], params.clone(max_tokens=1), use_tqdm=False)
-            samples.append(time.perf_counter() - started)
-        result.update(ttft_s=statistics.median(samples), ttft_samples_s=samples)
+        result.update(_time_first_tokens(
+            lambda probe: llm.generate([{"prompt_token_ids": probe}], params.clone(max_tokens=1), use_tqdm=False),
+            workload["ttft_prompts"]))
         result["decode_tok_s"] = (generated - 1) / max(elapsed - result["ttft_s"], 1e-9)
     return result
+
+
+def _time_first_tokens(first_token: Callable[[list[int]], Any], probes: list[list[int]]) -> dict[str, Any]:
+    """``ttft_s`` (the median) and ``ttft_samples_s``: the seconds ``first_token`` took on each probe."""
+    samples = []
+    for probe in probes:
+        started = time.perf_counter()
+        first_token(probe)
+        samples.append(time.perf_counter() - started)
+    return {"ttft_s": statistics.median(samples), "ttft_samples_s": samples}
 
 
 def _linear_kernels(llm: Any) -> list[str]:

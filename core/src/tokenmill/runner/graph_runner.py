@@ -198,7 +198,7 @@ class DecodeGraphRunner:
                 return False
             self.graphs[bucket] = graph
         if not self.graphs:
-            logger.info("decode graphs off: %s", declined[-1] if declined else "no batch size captured")
+            logger.info("decode graphs off: %s", declined[-1])  # every bucket declined
             return False
         if declined:
             logger.info("decode graphs: larger batch sizes run eagerly (%s)", declined[-1])

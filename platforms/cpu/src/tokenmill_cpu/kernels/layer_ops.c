@@ -102,8 +102,8 @@ static inline float exp_approx(float x) {
 void silu_and_mul_f32(const float *x, int64_t x_stride, int64_t T, int64_t d, float *out) {
 #pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-        const float *restrict gate = x + t * x_stride, *restrict up = gate + d;
-        float *restrict o = out + t * d;
+        const float *gate = x + t * x_stride, *up = gate + d;
+        float *o = out + t * d;
         for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
     }
 }
