@@ -13,6 +13,7 @@ from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryAngles
 from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable, load_small_batch_matmul
+from tokenmill_cpu.panel_matmul import PANEL_MAX_ROWS
 from tokenmill_cpu.platform import LAYER_KERNELS_ENV, CpuPlatform
 
 pytestmark = pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler for the layer kernels")
@@ -132,7 +133,7 @@ def test_small_batch_linear_reads_strided_rows_and_weights(kernels):
 
 def test_small_batch_linear_declines_what_onednn_does_better(kernels):
     weight = torch.randn(8, 16)
-    assert kernels.small_batch_linear(torch.randn(SMALL_BATCH_ROWS + 1, 16), weight) is None
+    assert kernels.small_batch_linear(torch.randn(PANEL_MAX_ROWS + 1, 16), weight) is None
     assert kernels.small_batch_linear(torch.randn(1, 16, dtype=torch.bfloat16), weight.bfloat16()) is None
     assert kernels.small_batch_linear(torch.randn(16, 2).t(), weight) is None  # columns not contiguous
     assert kernels.small_batch_linear(torch.randn(1, 8), weight) is None  # widths differ

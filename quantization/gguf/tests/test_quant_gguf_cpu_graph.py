@@ -1,9 +1,9 @@
 """A tiny GGUF Llama in packed mode on the CPU platform: its whole decode forward is native calls (the
 packed C matmul, the CPU layer kernels and attention), so the platform's CpuDecodeGraph records it
 and replays the calls alone. Driven step by step beside an eager runner on the same weights, every
-sampled token, logprob and cache entry must match. A dense model's linear layers are native only
-for one or two rows (the CPU small-batch matmul; oneDNN above), so it captures batch sizes 1 and 2
-and runs larger steps eagerly."""
+sampled token, logprob and cache entry must match. A dense model's linear layers are native too on
+AVX-512 CPUs (the small-batch matmul for one or two rows, the panel matmul for more), so it captures
+every batch size as well."""
 
 from __future__ import annotations
 
@@ -117,23 +117,22 @@ def run_beside_eager(plain: ModelRunner, graphed: ModelRunner, graphs: DecodeGra
     assert {1, 2, 3} <= set(replayed), replayed  # 6 requests finish one by one
 
 
-def small_batch_matmul_offered() -> bool:
+def native_dense_matmul_offered() -> bool:
     from tokenmill_cpu.layer_kernels import layer_ops_unavailable, load_small_batch_matmul
+    from tokenmill_cpu.panel_matmul import load_panel_matmul
 
-    return layer_ops_unavailable() is None and load_small_batch_matmul().offered
+    return (layer_ops_unavailable() is None and load_small_batch_matmul().offered
+            and bool(load_panel_matmul().panel_matmul_offered()))
 
 
-@pytest.mark.skipif(not small_batch_matmul_offered(), reason="the small-batch matmul is offered on AVX-512 builds only")
-def test_a_dense_model_captures_the_batch_sizes_its_linear_layers_run_natively(tmp_path, caplog):
+@pytest.mark.skipif(not native_dense_matmul_offered(), reason="the native float32 matmuls are offered on AVX-512 builds only")
+def test_a_dense_model_captures_every_batch_size_through_the_native_matmuls(tmp_path):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).save_pretrained(tmp_path)
     model, build = load(str(tmp_path), None)
     plain, graphed = make_runner(model), make_runner(model)
     graphs = attach(graphed, max_num_seqs=8)
-    with caplog.at_level("INFO", logger="tokenmill"):
-        assert graphs.capture()
-    assert graphs.buckets == (1, 2)
-    eager = [r.getMessage() for r in caplog.records if "run eagerly" in r.getMessage()]
-    assert eager and "batch size 4" in eager[0] and "outside a native kernel" in eager[0]
+    assert graphs.capture()
+    assert graphs.buckets == (1, 2, 4, 8)  # one and two rows: the small-batch matmul; more: the panels
     replayed = run_beside_eager(plain, graphed, graphs)
-    assert set(replayed) == {1, 2}
+    assert {1, 2, 3} <= set(replayed), replayed

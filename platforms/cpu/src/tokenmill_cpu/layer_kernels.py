@@ -1,5 +1,5 @@
 """CpuLayerKernels: RMSNorm (with its residual add), rotary embedding, SiluAndMul, row gathers and
-the matrix products of one- and two-row decode steps as one C call each.
+the matrix products of decode steps as one C call each.
 
 A decode step of a 30-layer model otherwise runs some 60 small tensor operations per layer outside
 the matrix products; at one token each costs more in dispatch than in arithmetic. The kernels are
@@ -7,9 +7,9 @@ the matrix products; at one token each costs more in dispatch than in arithmetic
 rows whose last dimension is contiguous; anything else is declined (None) and runs core's PyTorch
 code. The small-batch matrix product (``kernels/small_batch_matmul.c``) streams a float32 weight once
 at memory speed: at one row it beat oneDNN's reordered-weight linear by ~10% (30 cold SmolLM2 layers:
-16.8 vs 18.6 ms), at two about even and at four and more oneDNN is faster, so it takes at most
-``SMALL_BATCH_ROWS`` rows. Being a native call, it also lets a dense model's decode steps of that
-size be captured as CPU decode graphs.
+16.8 vs 18.6 ms) and at two about even, so it takes up to ``SMALL_BATCH_ROWS`` rows; from there to
+``PANEL_MAX_ROWS`` rows ``PanelMatmul`` multiplies against packed weight panels. Being native calls,
+they also let a dense model's decode steps be captured as CPU decode graphs.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LayerKernels
+from tokenmill_cpu.panel_matmul import PanelMatmul, load_panel_matmul
 
 SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
 SMALL_BATCH_SOURCE = Path(__file__).parent / "kernels" / "small_batch_matmul.c"
@@ -62,7 +63,7 @@ def load_small_batch_matmul() -> Any:
 
 def layer_ops_unavailable() -> str | None:
     """Why the layer kernels cannot be built or loaded here, or None."""
-    return build_failure(load_layer_ops) or build_failure(load_small_batch_matmul)
+    return build_failure(load_layer_ops) or build_failure(load_small_batch_matmul) or build_failure(load_panel_matmul)
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
@@ -93,6 +94,7 @@ class CpuLayerKernels(LayerKernels):
     def __init__(self) -> None:
         self._library = load_layer_ops()
         self._small_batch_matmul = load_small_batch_matmul()
+        self._panel_matmul = PanelMatmul()
 
     def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> Any | None:
         """Residual add and RMSNorm over float32 rows in one pass."""
@@ -159,14 +161,15 @@ class CpuLayerKernels(LayerKernels):
         return out
 
     def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
-        """``x @ weight.T`` for up to ``SMALL_BATCH_ROWS`` float32 rows against a float32 weight whose
-        rows are contiguous, on AVX-512 CPUs; more rows, and other CPUs, go to oneDNN."""
-        if not self._small_batch_matmul.offered:
-            return None
+        """``x @ weight.T`` for the rows of a decode step (float32, AVX-512 CPUs): up to
+        ``SMALL_BATCH_ROWS`` rows straight from the weight, up to ``PANEL_MAX_ROWS`` against its
+        packed panels; more rows, and other CPUs, go to oneDNN."""
         if x.dtype is not FLOAT32 or weight.dtype is not FLOAT32 or x.dim() != 2 or weight.dim() != 2:
             return None
         rows, width = x.shape
-        if not 0 < rows <= SMALL_BATCH_ROWS or weight.shape[1] != width or x.stride(1) != 1 or weight.stride(1) != 1:
+        if rows > SMALL_BATCH_ROWS or not self._small_batch_matmul.offered:
+            return self._panel_matmul(x, weight) if self._panel_matmul.accepts(x, weight) else None
+        if rows == 0 or weight.shape[1] != width or x.stride(1) != 1 or weight.stride(1) != 1:
             return None
         out = torch.empty(rows, weight.shape[0], dtype=FLOAT32)
         native_call(self._small_batch_matmul, x.data_ptr(), rows, width, x.stride(0), weight.data_ptr(),

@@ -37,11 +37,34 @@ static inline float exp_approx(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    const float exponent = n < -125.0f ? -125.0f : n > 127.0f ? 127.0f : n;
-    const int32_t bits = ((int32_t)exponent + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof(scale));
-    return n < -125.0f ? 0.0f : n > 127.0f ? INFINITY : p * scale;
+    /* Selects one condition at a time and a union for the bits: GCC if-converts and vectorises
+     * this form, and leaves a nested ternary or memcpy scalar (a call per element). */
+    const float at_least = n < -125.0f ? -125.0f : n;
+    const float exponent = at_least > 127.0f ? 127.0f : at_least;
+    const union { int32_t bits; float value; } scale = { .bits = ((int32_t)exponent + 127) << 23 };
+    const float finite = n < -125.0f ? 0.0f : p * scale.value;
+    return n > 127.0f ? INFINITY : finite;
+}
+
+/* The tile starting at position pos: n tokens (to the end of pos's cache block, at most MAX_TILE and
+ * none at or past len) whose first token is `base` floats into the keys (and values). */
+static inline void tile_at(const int32_t *table, int64_t pos, int64_t len, int64_t block_size,
+                           int64_t block_stride, int64_t token_stride, int64_t *n, int64_t *base) {
+    if (pos >= len) {
+        *n = 0;
+        return;
+    }
+    const int64_t in_block = pos % block_size;
+    int64_t count = block_size - in_block;
+    if (count > len - pos) count = len - pos;
+    *n = count > MAX_TILE ? MAX_TILE : count;
+    *base = (int64_t)table[pos / block_size] * block_stride + in_block * token_stride;
+}
+
+/* Asks for the cache lines of `count` floats ahead of use: blocks sit anywhere in the cache, so the
+ * hardware prefetcher loses the stream at every block (and 4 KiB page) boundary. */
+static inline void prefetch_row(const float *row, int64_t count) {
+    for (int64_t i = 0; i < count; i += 16) __builtin_prefetch(row + i, 0, 3);
 }
 
 static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
@@ -68,13 +91,14 @@ static inline __attribute__((always_inline)) void attend_kv_head(
         total[g] = 0.0f;
         memset(acc + g * head_size, 0, sizeof(float) * head_size);
     }
+    const int64_t span = (group / heads_per_kv) * head_size;
+    int64_t n = 0, base = 0;
+    tile_at(table, first, len, block_size, block_stride, token_stride, &n, &base);
     for (int64_t pos = first; pos < len;) {
-        const int64_t in_block = pos % block_size;
-        int64_t n = block_size - in_block;
-        if (n > len - pos) n = len - pos;
-        if (n > MAX_TILE) n = MAX_TILE;
-        const int64_t base = (int64_t)table[pos / block_size] * block_stride + in_block * token_stride;
+        int64_t next_n = 0, next_base = 0;
+        tile_at(table, pos + n, len, block_size, block_stride, token_stride, &next_n, &next_base);
         for (int64_t t = 0; t < n; ++t) {
+            prefetch_row(values + base + t * token_stride, span);
             const float *k = keys + base + t * token_stride;
             for (int64_t g = 0; g < group; ++g)
                 scores[g * MAX_TILE + t] = dot(q + g * head_size, k + kv_offset[g], head_size);
@@ -100,6 +124,7 @@ static inline __attribute__((always_inline)) void attend_kv_head(
             total[g] += sum;
         }
         for (int64_t t = 0; t < n; ++t) {
+            if (t < next_n) prefetch_row(keys + next_base + t * token_stride, span);
             const float *v = values + base + t * token_stride;
             for (int64_t g = 0; g < group; ++g) {
                 const float p = scores[g * MAX_TILE + t];
@@ -109,6 +134,8 @@ static inline __attribute__((always_inline)) void attend_kv_head(
             }
         }
         pos += n;
+        n = next_n;
+        base = next_base;
     }
     for (int64_t g = 0; g < group; ++g) {
         const float inv = total[g] > 0.0f ? 1.0f / total[g] : 0.0f;

@@ -1,0 +1,80 @@
+"""PanelMatmul (the decode-batch matrix product against packed weight panels) against the float64
+product: row counts around its 8-row blocks and up to PANEL_MAX_ROWS, widths around its 48-column
+panels, depths past its 512-deep chunks, strided operands; the packing follows the weight (made
+again after an in-place change, dropped with the weight); the layer kernels route rows to it."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from tokenmill.layers.native_library import build_failure
+from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable
+from tokenmill_cpu.panel_matmul import PANEL_MAX_ROWS, PanelMatmul, load_panel_matmul
+
+pytestmark = pytest.mark.skipif(
+    build_failure(load_panel_matmul) is not None or not load_panel_matmul().panel_matmul_offered(),
+    reason="the panel matmul is offered on AVX-512 builds only")
+
+
+@pytest.fixture
+def panel() -> PanelMatmul:
+    return PanelMatmul()
+
+
+def _assert_product(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    want = x.double() @ weight.double().T
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * x.shape[1] ** 0.5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 64, 67, PANEL_MAX_ROWS])
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (49, 1100), (1, 7), (47, 512), (97, 1)])
+def test_matches_the_float64_product(panel, rows, out_features, in_features):
+    torch.manual_seed(rows * 131 + out_features * 7 + in_features)
+    x, weight = torch.randn(rows, in_features), torch.randn(out_features, in_features)
+    assert panel.accepts(x, weight)
+    _assert_product(panel(x, weight), x, weight)
+
+
+def test_reads_strided_rows_and_weights(panel):
+    torch.manual_seed(0)
+    x = torch.randn(12, 700)[:, 3:603]  # rows 700 floats apart
+    weight = torch.randn(100, 640)[::2, :600]  # every other weight row
+    assert panel.accepts(x, weight)
+    _assert_product(panel(x, weight), x, weight)
+
+
+def test_the_packing_follows_the_weight(panel):
+    torch.manual_seed(1)
+    x, weight = torch.randn(5, 64), torch.randn(100, 64)
+    before = panel(x, weight)
+    assert panel(x, weight) is not before and len(panel._packed) == 1  # packed once, reused
+    weight.mul_(2)  # in place: same storage, new version
+    torch.testing.assert_close(panel(x, weight), 2 * before, rtol=1e-5, atol=1e-5)
+    del weight
+    gc.collect()
+    assert not panel._packed
+
+
+def test_declines_other_operands(panel):
+    weight = torch.randn(8, 16)
+    assert not panel.accepts(torch.randn(PANEL_MAX_ROWS + 1, 16), weight)
+    assert not panel.accepts(torch.randn(0, 16), weight)
+    assert not panel.accepts(torch.randn(4, 16, dtype=torch.bfloat16), weight.bfloat16())
+    assert not panel.accepts(torch.randn(16, 4).t(), weight)  # columns not contiguous
+    assert not panel.accepts(torch.randn(4, 8), weight)  # widths differ
+
+
+@pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler for the layer kernels")
+def test_the_layer_kernels_take_decode_rows_to_it():
+    kernels = CpuLayerKernels()
+    torch.manual_seed(2)
+    weight = torch.randn(300, 200)
+    for rows in (SMALL_BATCH_ROWS + 1, PANEL_MAX_ROWS):
+        x = torch.randn(rows, 200)
+        _assert_product(kernels.small_batch_linear(x, weight), x, weight)
+    assert len(kernels._panel_matmul._packed) == 1
+    assert kernels.small_batch_linear(torch.randn(PANEL_MAX_ROWS + 1, 200), weight) is None
