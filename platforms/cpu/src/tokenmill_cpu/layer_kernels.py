@@ -164,13 +164,11 @@ class CpuLayerKernels(LayerKernels):
         """``x @ weight.T`` for the rows of a decode step (float32, AVX-512 CPUs): up to
         ``SMALL_BATCH_ROWS`` rows straight from the weight, up to ``PANEL_MAX_ROWS`` against its
         packed panels; more rows, and other CPUs, go to oneDNN."""
-        if x.dtype is not FLOAT32 or weight.dtype is not FLOAT32 or x.dim() != 2 or weight.dim() != 2:
+        if not self._panel_matmul.accepts(x, weight):  # operands both kernels take, up to PANEL_MAX_ROWS rows
             return None
         rows, width = x.shape
         if rows > SMALL_BATCH_ROWS or not self._small_batch_matmul.offered:
-            return self._panel_matmul(x, weight) if self._panel_matmul.accepts(x, weight) else None
-        if rows == 0 or weight.shape[1] != width or x.stride(1) != 1 or weight.stride(1) != 1:
-            return None
+            return self._panel_matmul(x, weight)
         out = torch.empty(rows, weight.shape[0], dtype=FLOAT32)
         native_call(self._small_batch_matmul, x.data_ptr(), rows, width, x.stride(0), weight.data_ptr(),
                     weight.shape[0], weight.stride(0), out.data_ptr(), out.stride(0))
