@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import resource
+import sys
 
 import pytest
 import torch
 
 from tokenmill.runner.zeroed_memory import zeroed_tensor
+
+
+def _vm_flags(smaps: str, address: int) -> list[str]:
+    """The VmFlags of the mapping in /proc/self/smaps that holds ``address``."""
+    inside = False
+    for line in smaps.splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(part, 16) for part in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8])
@@ -38,3 +52,11 @@ def test_a_large_allocation_is_not_resident_until_written():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 1000  # 65536 pages if written
     tensor[:1].fill_(1)
     assert tensor[0].sum().item() == 1024 * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps")
+def test_the_mapping_is_private():
+    tensor = zeroed_tensor((4, 1024, 1024), torch.uint8, "cpu")
+    with open("/proc/self/smaps") as f:
+        flags = _vm_flags(f.read(), tensor.data_ptr())
+    assert "sh" not in flags  # a shared anonymous mapping is shmem: slower for attention to read

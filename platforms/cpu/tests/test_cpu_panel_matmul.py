@@ -1,6 +1,6 @@
 """PanelMatmul (the decode-batch matrix product against packed weight panels) against the float64
 product: row counts around its 8-row blocks and up to PANEL_MAX_ROWS, widths around its 48-column
-panels, depths past its 512-deep chunks, strided operands; the packing follows the weight (made
+panels, depths past its 192-deep chunks, strided operands; the packing follows the weight (made
 again after an in-place change, dropped with the weight); the layer kernels route rows to it."""
 
 from __future__ import annotations
