@@ -1,4 +1,4 @@
-"""The CPU backend's native decode kernel against the plain-PyTorch reference backend."""
+"""The CPU backend's native kernel, for decodes and prefill chunks, against the plain-PyTorch reference backend."""
 
 from __future__ import annotations
 
@@ -32,17 +32,25 @@ def _batch(query_lens, context_lens, block_size, num_blocks, generator):
         num_tokens=sum(query_lens), block_size=block_size)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80)])
+@pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80), (4, 2, 24)])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (7, None), (None, 30.0)])
-@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1] * 9, [1, 5, 1, 3]],
-                         ids=["4-decodes", "9-decodes", "mixed"])  # 9: one task per request, all kv heads
+@pytest.mark.parametrize(("query_lens", "context_lens"), [
+    ([1, 1, 1, 1], [0, 37, 15, 50]),
+    ([1] * 9, [0, 37, 15, 50, 3, 64, 16, 1, 29]),  # 9: one task per request, all kv heads
+    ([1, 5, 1, 3], [0, 37, 15, 50]),
+    ([7, 33, 2], [0, 0, 0]),  # fresh prefills of unequal lengths (padded, masked on the reference path)
+    ([20, 20], [0, 0]),  # equal lengths: the reference's plain causal SDPA
+    ([17, 4], [31, 16]),  # chunks after cached context (a chunked prefill, a prefix-cache hit)
+    ([40, 3, 1], [70, 100, 9]),  # query tiles past 16 tokens, key tiles across blocks, and a decode
+], ids=["4-decodes", "9-decodes", "mixed", "fresh-prefills", "equal-prefills", "chunks-after-context",
+        "long-chunks"])
 @pytest.mark.parametrize("fused_qkv", [False, True], ids=["separate", "qkv-views"])
-def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_lens, fused_qkv):
+def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_lens, context_lens, fused_qkv):
     generator = torch.Generator().manual_seed(heads * 100 + head_size)
     block_size, num_blocks = 16, 64
     spec = AttentionSpec(heads, kv_heads, head_size, head_size**-0.5, "float32", block_size=block_size,
                          sliding_window=window, logits_soft_cap=soft_cap)
-    batch = _batch(query_lens, [0, 37, 15, 50, 3, 64, 16, 1, 29][: len(query_lens)], block_size, num_blocks, generator)
+    batch = _batch(query_lens, context_lens, block_size, num_blocks, generator)
     shape = (2, num_blocks, block_size, kv_heads, head_size)
     caches = [torch.randn(shape, generator=generator) for _ in range(2)]
     caches[1].copy_(caches[0])
@@ -85,6 +93,28 @@ def test_a_decode_plan_reads_the_batch_tensors_in_place():
         torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(caches[1], caches[0], atol=0, rtol=0)
     assert native.plan(_batch([1, 4], [3, 0], block_size, num_blocks, generator)).decode_tables is None  # a prefill
+
+
+@pytest.mark.parametrize(("query_lens", "context_lens", "native"), [
+    ([50, 70, 120], [0, 0, 0], True),  # unequal: the reference would pad to 120 and mask
+    ([64, 64], [0, 0], True),  # equal, few keys
+    ([64, 64], [600, 600], False),  # equal, past PREFILL_MAX_EQUAL_KEYS: PyTorch's flash attention
+])
+def test_prefill_groups_take_the_native_kernel_where_it_pays(query_lens, context_lens, native):
+    generator = torch.Generator().manual_seed(3)
+    spec = AttentionSpec(9, 3, 64, 0.125, "float32", block_size=16)
+    batch = _batch(query_lens, context_lens, 16, 128, generator)
+    backend, calls = CpuAttentionBackend(), []
+    kernel = backend._prefill_kernel
+    backend._prefill_kernel = lambda *args: calls.append(kernel(*args))
+    cache = torch.randn(2, 128, 16, 3, 64, generator=generator)
+    expected_cache = cache.clone()
+    q, k, v = (torch.randn(batch.num_tokens, heads, 64, generator=generator) for heads in (9, 3, 3))
+    reference = ReferenceAttentionBackend()
+    expected = reference.forward(spec, q, k, v, expected_cache, reference.plan(batch))
+    actual = backend.forward(spec, q, k, v, cache, backend.plan(batch))
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+    assert len(calls) == int(native)
 
 
 def test_selected_on_the_cpu_with_reasons_elsewhere():

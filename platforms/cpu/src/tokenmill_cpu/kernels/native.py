@@ -1,4 +1,5 @@
-"""The CPU attention kernel ``paged_decode.c``, compiled once per machine and called through ctypes.
+"""The CPU attention kernels ``paged_attention.c`` (decode and prefill), compiled once per machine and
+called through ctypes.
 
 Built and cached by core's ``build_native_library``; without a C compiler the kernel is unavailable
 and the CPU platform falls back to the plain-PyTorch attention (with that reason).
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from tokenmill.layers.native_library import build_failure, build_native_library
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
+SOURCE = Path(__file__).with_name("paged_attention.c")
 MAX_HEAD_SIZE = 256
 MAX_GROUP = 64
 
@@ -26,6 +27,9 @@ def load_library() -> ctypes.CDLL:
     function.argtypes = [pointer] * 5 + [i64] * 7 + [ctypes.c_float, i64, ctypes.c_float, pointer, i64, pointer, i64,
                                                        pointer]
     function.restype = None
+    prefill = library.paged_prefill_f32
+    prefill.argtypes = [pointer] * 6 + [i64] * 7 + [ctypes.c_float, i64, ctypes.c_float]
+    prefill.restype = None
     return library
 
 
