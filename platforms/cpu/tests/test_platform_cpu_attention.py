@@ -32,7 +32,9 @@ def _batch(query_lens, context_lens, block_size, num_blocks, generator):
         num_tokens=sum(query_lens), block_size=block_size)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80), (4, 2, 24)])
+# (17, 1, 80): a prefill tile of 12 tokens x 17 heads, padded to 208 rows of 80 (past the kernel's 64 KiB)
+@pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (4, 4, 32), (8, 1, 128), (6, 2, 80), (4, 2, 24),
+                                                      (17, 1, 80)])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (7, None), (None, 30.0)])
 @pytest.mark.parametrize(("query_lens", "context_lens"), [
     ([1, 1, 1, 1], [0, 37, 15, 50]),

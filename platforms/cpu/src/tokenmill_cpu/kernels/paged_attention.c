@@ -278,8 +278,9 @@ static inline __attribute__((always_inline)) void prefill_tile(
         int64_t tokens, int64_t group, int64_t num_heads, int64_t head_size, int64_t block_size,
         int64_t block_stride, int64_t token_stride, float scale, int64_t window, float soft_cap, float *out) {
     const int64_t rows = tokens * group, padded = (rows + ROW_BLOCK - 1) / ROW_BLOCK * ROW_BLOCK;
-    float q[TILE_FLOATS] __attribute__((aligned(64)));
-    float acc[TILE_FLOATS] __attribute__((aligned(64)));
+    /* rows are padded up to a multiple of ROW_BLOCK, past TILE_FLOATS by less than a block */
+    float q[TILE_FLOATS + ROW_BLOCK * MAX_HEAD] __attribute__((aligned(64)));
+    float acc[TILE_FLOATS + ROW_BLOCK * MAX_HEAD] __attribute__((aligned(64)));
     float kt[MAX_HEAD * KEY_TILE] __attribute__((aligned(64)));
     float p[ROW_BLOCK * KEY_TILE] __attribute__((aligned(64)));
     float running_max[QUERY_TILE * MAX_GROUP + ROW_BLOCK], total[QUERY_TILE * MAX_GROUP + ROW_BLOCK];
