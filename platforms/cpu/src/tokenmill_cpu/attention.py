@@ -92,11 +92,10 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
 
     def _attend(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 blocks: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
-        if not self._native(spec, query, blocks, group):
+        prefill = group.max_query_len > 1
+        if not self._native(spec, query, blocks, group) or (prefill and not _prefill_pays(spec, group)):
             return super()._attend(spec, query, key, value, blocks, group)
-        if group.max_query_len > 1:
-            if not _prefill_pays(spec, group):
-                return super()._attend(spec, query, key, value, blocks, group)
+        if prefill:
             return self._prefill(spec, query, blocks, group)
         return self._decode(spec, query, blocks, group, _native_inputs(group))
 
