@@ -1,8 +1,8 @@
 """build_native_library: compile a plugin's C kernels once per machine and load them with ctypes.
 
 Built with ``cc -O3 -march=native -fopenmp`` (reassociation allowed so reductions vectorise, never
--ffast-math) into a cache folder keyed by the source, the compiler and the CPU, so later processes
-load it in milliseconds. Plugins declare the C signatures; without a C compiler the build raises
+-ffast-math) into a cache folder keyed by the source (with the local headers it includes), the
+compiler and the CPU, so later processes load it in milliseconds. Plugins declare the C signatures; without a C compiler the build raises
 NativeBuildError with the reason, and the plugin offers its plain-PyTorch path instead.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -49,12 +50,29 @@ def _cpu_signature() -> bytes:
         return platform.processor().encode()
 
 
+LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def source_text(source: Path, seen: set[Path] | None = None) -> bytes:
+    """``source`` followed by every local header it includes (``#include "name.h"``, found beside the
+    file that includes it, recursively, each once): what a built library depends on besides the
+    system headers, so a changed header means a new build."""
+    seen = {source.resolve()} if seen is None else seen
+    text = source.read_bytes()
+    for name in LOCAL_INCLUDE.findall(text):
+        header = (source.parent / name.decode()).resolve()
+        if header not in seen and header.exists():
+            seen.add(header)
+            text += source_text(header, seen)
+    return text
+
+
 def build_native_library(source: Path, what: str) -> ctypes.CDLL:
     """The compiled ``source`` (built on first use); ``what`` names it in error messages."""
     cc = compiler()
     if cc is None:
         raise NativeBuildError(f"no C compiler (cc/gcc) found to build the {what}")
-    digest = hashlib.sha256(source.read_bytes() + cc.encode() + _cpu_signature()).hexdigest()[:16]
+    digest = hashlib.sha256(source_text(source) + cc.encode() + _cpu_signature()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

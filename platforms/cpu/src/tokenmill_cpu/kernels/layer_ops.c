@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_approx.h"
+
 #define LANES 16
 #define PARALLEL_ROWS 32
 
@@ -73,31 +75,6 @@ void rotary_f32(const float *q, int64_t q_stride, int64_t q_heads, const float *
         rotate_heads(k + t * k_stride, k_heads, head_size, rotary_dim, cos + t * half, sin + t * half,
                      k_out + t * k_heads * head_size);
     }
-}
-
-/* exp(x): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial (truncation below
- * 0.1 ulp), times 2^n built in the exponent bits; 0 below 2^-125 and infinity above 2^128, so no
- * result or intermediate is ever subnormal. The clamp is on the result, not on x: a clamped x lets
- * the compiler divide by the constant 1 + e^88 in every lane (subnormal quotients, a microcode
- * assist each: SiLU ran 10x slower). Vectorises (no library call). */
-static inline float exp_approx(float x) {
-    const float n = roundf(x * 1.44269504088896341f);
-    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    /* Selects one condition at a time and a union for the bits: GCC if-converts and vectorises
-     * this form, and leaves a nested ternary or memcpy scalar (a call per element). */
-    const float at_least = n < -125.0f ? -125.0f : n;
-    const float exponent = at_least > 127.0f ? 127.0f : at_least;
-    const union { int32_t bits; float value; } scale = { .bits = ((int32_t)exponent + 127) << 23 };
-    const float finite = n < -125.0f ? 0.0f : p * scale.value;
-    return n > 127.0f ? INFINITY : finite;
 }
 
 /* out[t] = silu(gate) * up for rows x[t] = (gate, up) of 2 * d floats, x_stride floats apart. */

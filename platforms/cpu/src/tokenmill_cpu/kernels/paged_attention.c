@@ -20,32 +20,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_approx.h"
+
 #define MAX_TILE 64
 #define MAX_GROUP 64
 #define MAX_HEAD 256
 
-/* exp(x): x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial, times 2^n built in
- * the exponent bits; 0 below 2^-125 and infinity above 2^128, never subnormal (the layer kernels'
- * SiLU uses the same, which says why the clamp is on the result). */
-static inline float exp_approx(float x) {
-    const float n = roundf(x * 1.44269504088896341f);
-    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    /* Selects one condition at a time and a union for the bits: GCC if-converts and vectorises
-     * this form, and leaves a nested ternary or memcpy scalar (a call per element). */
-    const float at_least = n < -125.0f ? -125.0f : n;
-    const float exponent = at_least > 127.0f ? 127.0f : at_least;
-    const union { int32_t bits; float value; } scale = { .bits = ((int32_t)exponent + 127) << 23 };
-    const float finite = n < -125.0f ? 0.0f : p * scale.value;
-    return n > 127.0f ? INFINITY : finite;
-}
 
 /* The tile starting at position pos: n tokens (to the end of pos's cache block, at most MAX_TILE and
  * none at or past len) whose first token is `base` floats into the keys (and values). */
