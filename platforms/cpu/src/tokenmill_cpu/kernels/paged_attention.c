@@ -181,8 +181,7 @@ void paged_decode_f32(const float *query, float *cache, const int32_t *block_tab
  * request to the longest and masking (the reference path), the work follows each request's length.
  */
 #define QUERY_TILE 16
-#define KEY_TILE 16 /* keys of one or more cache blocks, gathered by position */
-#define KEY_VECS (KEY_TILE / 16)
+#define KEY_TILE 16 /* one vector of scores; keys gathered by position, so a tile may span two blocks */
 #define ROW_BLOCK 8
 #define TILE_FLOATS (64 * 256) /* a task's rows x head_size, so its buffers stay 64 KiB each on the stack */
 
@@ -192,15 +191,13 @@ typedef int32_t i16 __attribute__((vector_size(64)));
 
 /* Scores of ROW_BLOCK query rows (q, head_size apart) against a transposed key tile kt[head_size][16]. */
 static inline __attribute__((always_inline)) void score_rows(const float *q, const float *kt, int64_t head_size,
-                                                             v16 scores[ROW_BLOCK][KEY_VECS]) {
-    v16 s[ROW_BLOCK][KEY_VECS] = {{{0}}};
-    for (int64_t d = 0; d < head_size; ++d)
-        for (int j = 0; j < KEY_VECS; ++j) {
-            const v16 k = *(const v16 *)(kt + d * KEY_TILE + 16 * j);
-            for (int r = 0; r < ROW_BLOCK; ++r) s[r][j] += q[r * head_size + d] * k;
-        }
-    for (int r = 0; r < ROW_BLOCK; ++r)
-        for (int j = 0; j < KEY_VECS; ++j) scores[r][j] = s[r][j];
+                                                             v16 scores[ROW_BLOCK]) {
+    v16 s[ROW_BLOCK] = {0};
+    for (int64_t d = 0; d < head_size; ++d) {
+        const v16 k = *(const v16 *)(kt + d * KEY_TILE);
+        for (int r = 0; r < ROW_BLOCK; ++r) s[r] += q[r * head_size + d] * k;
+    }
+    for (int r = 0; r < ROW_BLOCK; ++r) scores[r] = s[r];
 }
 
 /* acc rows (head_size apart) = acc * correction + p @ values, for `count` value rows at values + at[t]. */
@@ -225,17 +222,15 @@ static inline __attribute__((always_inline)) float softmax_row(const v16 *scores
                                                                int64_t count, int64_t row_pos, int64_t window,
                                                                float soft_cap, float *running_max, float *total) {
     const v16 minus_inf = (v16){0} - INFINITY;
-    for (int j = 0; j < KEY_VECS; ++j) {
-        v16 s = scores[j];
-        if (soft_cap > 0.0f)
-            for (int t = 0; t < 16; ++t) s[t] = soft_cap * tanhf(s[t] / soft_cap);
-        i16 lane;
-        for (int t = 0; t < 16; ++t) lane[t] = 16 * j + t;
-        const i16 key = lane + (int32_t)key0;
-        i16 valid = (lane < (int32_t)count) & (key <= (int32_t)row_pos);
-        if (window > 0) valid &= key > (int32_t)(row_pos - window);
-        *(v16 *)(p + 16 * j) = (v16)(((i16)s & valid) | ((i16)minus_inf & ~valid));
-    }
+    v16 s = *scores;
+    if (soft_cap > 0.0f)
+        for (int t = 0; t < KEY_TILE; ++t) s[t] = soft_cap * tanhf(s[t] / soft_cap);
+    i16 lane;
+    for (int t = 0; t < KEY_TILE; ++t) lane[t] = t;
+    const i16 key = lane + (int32_t)key0;
+    i16 valid = (lane < (int32_t)count) & (key <= (int32_t)row_pos);
+    if (window > 0) valid &= key > (int32_t)(row_pos - window);
+    *(v16 *)p = (v16)(((i16)s & valid) | ((i16)minus_inf & ~valid));
     float tile_max = *running_max, correction = 1.0f, sum = 0.0f;
     for (int t = 0; t < KEY_TILE; ++t) tile_max = p[t] > tile_max ? p[t] : tile_max;
     if (tile_max > *running_max) {
@@ -284,11 +279,11 @@ static inline __attribute__((always_inline)) void prefill_tile(
             for (int64_t t = 0; t < KEY_TILE; ++t) kt[d * KEY_TILE + t] = t < count ? keys[at[t] + d] : 0.0f;
         for (int64_t i = 0; i < padded; i += ROW_BLOCK) {
             if (key0 > row_pos[i + ROW_BLOCK - 1]) continue; /* rows ascend: all of them before this tile */
-            v16 scores[ROW_BLOCK][KEY_VECS];
+            v16 scores[ROW_BLOCK];
             float correction[ROW_BLOCK];
             score_rows(q + i * head_size, kt, head_size, scores);
             for (int r = 0; r < ROW_BLOCK; ++r)
-                correction[r] = softmax_row(scores[r], p + r * KEY_TILE, key0, count, row_pos[i + r], window,
+                correction[r] = softmax_row(scores + r, p + r * KEY_TILE, key0, count, row_pos[i + r], window,
                                             soft_cap, running_max + i + r, total + i + r);
             add_values(acc + i * head_size, correction, p, values, at, count, head_size);
         }
