@@ -142,3 +142,22 @@ def test_gguf_packed_blocks_on_the_cpu_match_hf_gguf_loading(hf_model, mixed_pro
     assert graphs is not None and graphs.buckets == (1, 2, 4, 8)
     exact = check_parity(hf_model, mixed_prompts, run(llm, mixed_prompts))
     assert exact >= len(mixed_prompts) - 2, f"only {exact}/{len(mixed_prompts)} exact (the rest are proven near-ties)"
+
+
+def test_single_prompts_through_prefill_graphs_match_hf(hf_model, mixed_prompts):
+    """Eight prompts (4-118 tokens) one at a time, so each prefill replays the CPU platform's prefill
+    graph of its padded length (captured at first use), then decodes through the decode graph of one.
+    Without prefix caching, so that each prefill is the whole prompt."""
+    llm = LLM(str(smollm2.gguf_path()), dtype="float32", kv_cache_memory="1GiB", enable_prefix_caching=False)
+    graphs = llm.engine.core.runner.prefill_graphs
+    if graphs is None:
+        pytest.skip("this platform offers no prefill graphs (its forward is not native calls only here)")
+    expected = smollm2.hf_greedy_cached(mixed_prompts, NUM_TOKENS, hf_model)
+    chosen = (0, 3, 7, 11, 15, 19, 24, 28)
+    exact = 0
+    for index in chosen:
+        (output,) = llm.generate([{"prompt_token_ids": mixed_prompts[index]}], greedy(), use_tqdm=False)
+        exact += smollm2.assert_matches_or_near_tie(hf_model, mixed_prompts[index], expected[index],
+                                                    output.outputs[0].token_ids)
+    assert {graphs.bucket_for(len(mixed_prompts[i])) for i in chosen} <= set(graphs.graphs) and not graphs.declined
+    assert exact >= len(chosen) - 1, f"only {exact}/{len(chosen)} exact (the rest are proven near-ties)"

@@ -10,8 +10,8 @@ import torch
 
 from tokenmill.layers.native_calls import NativeRecording, native_call
 from tokenmill.runner.graph_runner import GraphCaptureDeclined
-from tokenmill_cpu.capabilities import GRAPH_MAX_BATCH
-from tokenmill_cpu.decode_graph import CpuDecodeGraph
+from tokenmill_cpu.capabilities import GRAPH_MAX_BATCH, PREFILL_GRAPH_MAX_TOKENS
+from tokenmill_cpu.decode_graph import ActivationArena, CpuDecodeGraph
 from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable
 from tokenmill_cpu.platform import CpuPlatform
 
@@ -21,19 +21,19 @@ pytestmark = pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no 
 class NativeStep:
     """Embedding lookup, residual add + RMSNorm, gated activation: native calls on static ids."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int = 4) -> None:
         torch.manual_seed(0)
         self.kernels = CpuLayerKernels()
         self.table = torch.randn(30, 16)
-        self.residual = torch.randn(4, 8)
+        self.residual = torch.randn(rows, 8)
         self.weight = torch.rand(8) + 0.5
-        self.ids = torch.zeros(4, dtype=torch.int64)  # the static input buffer
+        self.ids = torch.zeros(rows, dtype=torch.int64)  # the static input buffer
 
     def forward(self, metadata: object = None) -> torch.Tensor:
         gate_up = self.kernels.gather_rows(self.table, self.ids)
         hidden = self.kernels.silu_and_mul(gate_up)
         normed, _ = self.kernels.rms_norm(hidden, self.weight, 1e-5, self.residual)
-        return normed.view(2, 2, 8)
+        return normed.view(-1, 2, 8)
 
 
 def test_replay_reruns_the_calls_on_the_buffers_new_contents():
@@ -47,6 +47,24 @@ def test_replay_reruns_the_calls_on_the_buffers_new_contents():
         out = graph.replay()
         assert out is first  # one output buffer, overwritten by every replay
         assert torch.equal(out, step.forward())
+
+
+def test_graphs_sharing_an_arena_keep_one_largest_forward_and_stay_right():
+    arena = ActivationArena()
+    large, small = NativeStep(rows=64), NativeStep(rows=4)
+    graphs = [CpuDecodeGraph(arena), CpuDecodeGraph(arena)]
+    graphs[0].capture(lambda: None, large.forward)
+    held = arena.nbytes
+    graphs[1].capture(lambda: None, small.forward)
+    assert arena.nbytes == held > 0  # the small forward's allocations fit in the large one's slots
+    for step, ids in ((large, torch.arange(64) % 30), (small, torch.tensor([3, 1, 4, 1])),
+                      (large, torch.arange(64).flip(0) % 30)):
+        step.ids.copy_(ids)
+        out = graphs[0 if step is large else 1].replay()
+        assert torch.equal(out, step.forward())
+    grown = arena.place(0, torch.empty(1 << 20))  # a larger allocation grows its slot ...
+    assert grown.shape == (1 << 20,) and arena.nbytes > held
+    assert torch.equal(graphs[1].replay(), small.forward())  # ... and the graphs keep the one they use
 
 
 def test_torch_operations_decline_the_capture():
@@ -83,4 +101,6 @@ def test_native_call_records_only_inside_a_recording():
 def test_the_platform_offers_graphs_for_small_batches():
     platform = CpuPlatform()
     assert platform.capabilities.graph_capture and platform.capabilities.graph_max_batch == GRAPH_MAX_BATCH
-    assert isinstance(platform.create_graph(), CpuDecodeGraph)
+    first, second = platform.create_graph(), platform.create_graph()
+    assert isinstance(first, CpuDecodeGraph) and first._arena is second._arena is not None
+    assert platform.capabilities.prefill_graph_max_tokens == PREFILL_GRAPH_MAX_TOKENS

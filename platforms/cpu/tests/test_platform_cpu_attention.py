@@ -97,6 +97,57 @@ def test_a_decode_plan_reads_the_batch_tensors_in_place():
     assert native.plan(_batch([1, 4], [3, 0], block_size, num_blocks, generator)).decode_tables is None  # a prefill
 
 
+def test_a_prefill_plan_reads_the_batch_tensors_in_place():
+    """Planned once on a split of 12 rows into 10 + 2 (as a prefill graph plans at capture), a prefill
+    of one request plus padding stays right for other splits, contexts and tables, down to padding
+    of one or no rows: the plan holds views of the starts, lengths, tables and slots."""
+    generator = torch.Generator().manual_seed(11)
+    block_size, num_blocks, width, rows = 16, 64, 8, 12
+    spec = AttentionSpec(9, 3, 64, 0.125, "float32", block_size=block_size)
+    static = _batch([10, 2], [0, 0], block_size, num_blocks, generator)
+    static.block_tables = torch.zeros(2, width, dtype=torch.int32)
+    native = CpuAttentionBackend()
+    metadata = native.plan(static)
+    assert metadata.prefill is not None and metadata.prefill[1] is static.query_start_loc
+    caches = [torch.randn(2, num_blocks, block_size, 3, 64, generator=generator) for _ in range(2)]
+    caches[1].copy_(caches[0])
+    for tokens, context in ((12, 0), (11, 40), (7, 17), (3, 64)):
+        batch = _batch([tokens], [context], block_size, num_blocks, generator)
+        static.query_start_loc.copy_(torch.tensor([0, tokens, rows], dtype=torch.int32))
+        static.context_lens.copy_(torch.tensor([context, 0], dtype=torch.int32))
+        static.seq_lens.copy_(torch.tensor([context + tokens, rows - tokens], dtype=torch.int32))
+        static.block_tables.zero_()[0, : batch.block_tables.shape[1]].copy_(batch.block_tables[0])
+        static.slot_mapping.fill_(0)[:tokens].copy_(batch.slot_mapping)  # padding writes slot 0 (null block)
+        q, k, v = (torch.randn(rows, heads, 64, generator=generator) for heads in (9, 3, 3))
+        reference = ReferenceAttentionBackend()
+        expected = reference.forward(spec, q[:tokens], k[:tokens], v[:tokens], caches[0], reference.plan(batch))
+        actual = native.forward(spec, q, k, v, caches[1], metadata)
+        torch.testing.assert_close(actual[:tokens], expected, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(caches[1][:, 1:], caches[0][:, 1:], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("query_lens", "context_lens", "whole"), [
+    ([50, 70, 120], [0, 0, 0], True),  # unequal lengths
+    ([64, 64], [600, 600], False),  # equal, past PREFILL_MAX_EQUAL_KEYS: PyTorch's flash attention
+    ([1, 5, 1, 3], [0, 37, 15, 50], False),  # decodes mixed in: the decode kernel takes those
+    ([1, 1], [3, 9], False),  # a decode step
+])
+def test_the_native_kernel_takes_a_prefill_whole_only_where_it_pays(query_lens, context_lens, whole):
+    batch = _batch(query_lens, context_lens, 16, 128, torch.Generator().manual_seed(5))
+    assert (CpuAttentionBackend().plan(batch).prefill is not None) is whole
+
+
+def test_a_slot_outside_the_cache_is_refused():
+    generator = torch.Generator().manual_seed(2)
+    spec = AttentionSpec(9, 3, 64, 0.125, "float32", block_size=16)
+    batch = _batch([5, 3], [0, 0], 16, 8, generator)
+    batch.slot_mapping[1] = 8 * 16  # one past the last slot
+    q, k, v = (torch.randn(8, heads, 64, generator=generator) for heads in (9, 3, 3))
+    native = CpuAttentionBackend()
+    with pytest.raises(IndexError, match="1 slot\\(s\\) outside the KV cache of 128 slots"):
+        native.forward(spec, q, k, v, torch.zeros(2, 8, 16, 3, 64), native.plan(batch))
+
+
 @pytest.mark.parametrize(("query_lens", "context_lens", "native"), [
     ([50, 70, 120], [0, 0, 0], True),  # unequal: the reference would pad to 120 and mask
     ([64, 64], [0, 0], True),  # equal, few keys

@@ -16,6 +16,7 @@ from tokenmill.loader.model_loader import load_model
 from tokenmill.runner.graph_runner import DecodeGraphRunner, decode_graph_factory
 from tokenmill.runner.memory_profile import kv_cache_sizing, profile_memory_in_use
 from tokenmill.runner.model_runner import ModelRunner
+from tokenmill.runner.prefill_graphs import PREFILL_BUCKET_STEP, PrefillGraphRunner
 from tokenmill.scheduler.config import SchedulerConfig
 from tokenmill.scheduler.scheduler import Scheduler
 
@@ -50,7 +51,7 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
                          max_model_len=config.model.max_model_len, vocab_size=config.model.vocab_size,
                          device=platform.torch_device())
     if not encoder:
-        _attach_decode_graphs(config, runner)
+        _attach_graphs(config, runner)
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=config.model.max_model_len, block_size=config.cache.block_size,
@@ -80,13 +81,24 @@ def _profiled_num_blocks(config: EngineConfig, model: Any, backend: Any) -> int:
     return sizing.num_blocks
 
 
-def _attach_decode_graphs(config: EngineConfig, runner: ModelRunner) -> None:
-    """Capture decode graphs when the platform and attention backend allow it and enforce_eager is off."""
+def _attach_graphs(config: EngineConfig, runner: ModelRunner) -> None:
+    """Capture decode graphs, and prefill graphs where the platform offers them, when the platform and
+    attention backend allow it and enforce_eager is off. The largest prefill graph goes first: on a
+    platform whose graphs share memory it is the largest forward, so the others fit in its memory."""
     platform = config.selection.platform_instance
     new_graph, reason = decode_graph_factory(platform, runner.backend, config.enforce_eager)
     if new_graph is None:
         logger.info("decode graphs: off (%s)", reason)
         return
+    max_tokens = min(platform.capabilities.prefill_graph_max_tokens, config.max_num_batched_tokens,
+                     config.model.max_model_len)
+    if max_tokens >= PREFILL_BUCKET_STEP:
+        runner.prefill_graphs = PrefillGraphRunner(
+            runner.model, runner.backend, runner.kv_caches, max_tokens=max_tokens,
+            max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=config.cache.block_size,
+            device=runner.device, new_graph=new_graph)
+        if not runner.prefill_graphs.capture():
+            runner.prefill_graphs = None
     largest = min(config.max_num_seqs, platform.capabilities.graph_max_batch or config.max_num_seqs)
     runner.decode_graphs = DecodeGraphRunner(
         runner.model, runner.backend, runner.kv_caches, max_num_seqs=largest,

@@ -53,6 +53,12 @@ class AttentionCapabilities:
     ``max_query_len`` and ``block_size``, and ``forward`` reads sequence lengths, block tables and
     slots from those device tensors alone and never synchronises with the host. One plan then
     stays valid while the tensors' contents change between replays. Default False."""
+    prefill_graph_capture: bool = False
+    """The same promise for a prefill step (``max_query_len > 1``) whose every request feeds more than
+    one token: ``plan`` keeps the batch's tensors (query_start_loc, seq_lens, context_lens,
+    block_tables, slot_mapping) and ``forward`` reads query starts, lengths, tables and slots from
+    them alone, so the plan made for one padded prefill stays valid for any split of the same number
+    of tokens, including requests of zero or one token (since plugin API 1.5). Default False."""
 
 
 @dataclass

@@ -74,6 +74,7 @@ class PlatformCapabilities:
     int4_dot: bool = False
     graph_capture: bool = False
     graph_max_batch: int | None = None  # decode graphs only up to this batch size (None: max_num_seqs)
+    prefill_graph_max_tokens: int = 0  # graphs for one request's prefill chunks up to this many tokens (0: none)
     pinned_memory: bool = False
     unified_memory: bool = False
     collectives: tuple[str, ...] = ("gloo",)
@@ -190,8 +191,11 @@ class Platform(ABC):
         """A new, empty decode graph for this device: an object with ``capture(fn)`` that records one
         call of ``fn`` and ``replay()`` that re-runs it (see ``tokenmill.runner.graph_runner``).
         Optional: only platforms whose ``capabilities.graph_capture`` is true implement it; the
-        default raises NotImplementedError. Called in the engine process while the engine starts,
-        once per captured batch size."""
+        default raises NotImplementedError. Called in the engine process, once per captured decode
+        batch size while the engine starts and, with ``capabilities.prefill_graph_max_tokens``, once
+        per prefill length bucket (the largest at start, the others at their first use). Graphs are
+        replayed one at a time, never concurrently, and each replay's output is read before the
+        next replay, so a platform may let all of its graphs share activation memory."""
         raise NotImplementedError(f"platform {self.name} does not record graphs")
 
     def layer_kernels(self) -> LayerKernels | None:

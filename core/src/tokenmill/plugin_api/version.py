@@ -5,7 +5,9 @@
 # 1.3: optional LayerKernels.gather_rows, PlatformCapabilities.graph_max_batch, native_call recording
 #      (tokenmill.layers.native_calls) for CPU decode graphs
 # 1.4: optional LayerKernels.small_batch_linear (decode-step matrix products), asked by core's oneDNN linear
-PLUGIN_API_VERSION: tuple[int, int] = (1, 4)
+# 1.5: optional AttentionCapabilities.prefill_graph_capture, PlatformCapabilities.prefill_graph_max_tokens
+#      (single-request prefill chunks replayed through graphs, one per padded length)
+PLUGIN_API_VERSION: tuple[int, int] = (1, 5)
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:

@@ -17,7 +17,8 @@ from tokenmill.engine.messages import LogprobsEntry
 from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionSpec
 from tokenmill.runner.graph_runner import DecodeGraphRunner
-from tokenmill.runner.step_inputs import StepInputBuilder
+from tokenmill.runner.prefill_graphs import PrefillGraphRunner
+from tokenmill.runner.step_inputs import StepInputBuilder, StepInputs
 from tokenmill.runner.zeroed_memory import zeroed_tensor
 from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
@@ -59,6 +60,7 @@ class ModelRunner:
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
         self.sampler = Sampler()
         self.decode_graphs: DecodeGraphRunner | None = None  # set (and captured) by the engine builder
+        self.prefill_graphs: PrefillGraphRunner | None = None  # likewise
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
@@ -69,9 +71,8 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return result
         step = self.inputs.build(scheduler_output.scheduled)
-        if self.decode_graphs is not None and self.decode_graphs.accepts(step):
-            hidden = self.decode_graphs.run(step)
-        else:
+        hidden = self._replay(step)
+        if hidden is None:
             metadata = self.backend.plan(step.attention)
             ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
             hidden = self.model(step.input_ids, step.positions, ctx)
@@ -95,6 +96,14 @@ class ModelRunner:
                 if logprobs is not None:
                     result.logprobs[request.request_id] = [logprobs]
         return result
+
+    def _replay(self, step: StepInputs) -> torch.Tensor | None:
+        """The step's hidden states through a decode or prefill graph, or None to run it eagerly."""
+        if self.decode_graphs is not None and self.decode_graphs.accepts(step):
+            return self.decode_graphs.run(step)
+        if self.prefill_graphs is not None and self.prefill_graphs.accepts(step):
+            return self.prefill_graphs.run(step)
+        return None
 
     def kv_cache_usage_bytes(self) -> int:
         return sum(c.numel() * c.element_size() for c in self.kv_caches)

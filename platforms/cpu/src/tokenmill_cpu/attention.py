@@ -9,7 +9,10 @@ took 13% of a W1 prefill step). Other dtypes take the plain-PyTorch reference pa
 
 A decode-only step's plan also carries the batch's own block tables, sequence lengths and slots
 (views, not copies), and the kernel reads those: planned once for a decode graph's static buffers,
-every replay sees the buffers' current contents (``graph_capture``).
+every replay sees the buffers' current contents (``graph_capture``). So does a prefill step whose
+requests all feed several tokens: its keys and values are stored by a native call and the prefill
+kernel takes the whole step from the batch's query starts and context lengths, which is what lets
+a prefill graph replay one plan for any split of its rows (``prefill_graph_capture``).
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ PREFILL_MAX_EQUAL_KEYS = 512
 @dataclass
 class CpuAttentionMetadata(ReferenceAttentionMetadata):
     """The reference plan, plus for a decode-only step the batch's int32 block tables [requests,
-    width] (unit inner stride) and int32 sequence lengths [requests], as the batch holds them."""
+    width] (unit inner stride) and int32 sequence lengths [requests], as the batch holds them; for a
+    prefill step that the native kernel takes whole, its tables, int32 query starts [requests + 1]
+    and int32 context lengths [requests] (``prefill``), likewise views of the batch."""
 
     decode_tables: torch.Tensor | None = None
     decode_lens: torch.Tensor | None = None
+    prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class CpuAttentionBackend(ReferenceAttentionBackend):
@@ -46,6 +52,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         dtypes=("float32", "float16", "bfloat16"),
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         graph_capture=True,
+        prefill_graph_capture=True,
     )
 
     @classmethod
@@ -63,16 +70,24 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         super().__init__(device)
         self._kernel = load_library().paged_decode_f32
         self._prefill_kernel = load_library().paged_prefill_f32
+        self._write_kernel = load_library().write_kv_f32
 
     def plan(self, batch: AttentionBatch) -> CpuAttentionMetadata:
-        """The reference plan; a decode-only step also keeps views of its tables and lengths."""
+        """The reference plan; a decode-only step also keeps views of its tables and lengths, and a
+        prefill step of requests that all feed several tokens (where the native kernel pays) views
+        of its tables, query starts and context lengths."""
         planned = super().plan(batch)
         tables, lens = batch.block_tables, batch.seq_lens
-        direct = (batch.max_query_len == 1 and tables.dtype == torch.int32 and tables.dim() == 2
-                  and tables.stride(1) == 1 and lens.dtype == torch.int32 and lens.is_contiguous()
+        direct = (tables.dtype == torch.int32 and tables.dim() == 2 and tables.stride(1) == 1
+                  and lens.dtype == torch.int32 and lens.is_contiguous()
                   and batch.slot_mapping.dtype == torch.int64 and batch.slot_mapping.is_contiguous())
+        decode = direct and batch.max_query_len == 1
+        prefill = None
+        if direct and _whole_prefill_pays(batch) and batch.query_start_loc.dtype == torch.int32 \
+                and batch.context_lens.dtype == torch.int32 and batch.context_lens.is_contiguous():
+            prefill = (tables, batch.query_start_loc, batch.context_lens)
         return CpuAttentionMetadata(planned.slot_mapping, planned.num_tokens, planned.groups,
-                                    tables if direct else None, lens if direct else None)
+                                    tables if decode else None, lens if decode else None, prefill)
 
     def forward(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
@@ -80,6 +95,12 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         other step writes them first (the reference path) and attends group by group, float32 groups
         through the native kernel."""
         groups = metadata.groups
+        whole = getattr(metadata, "prefill", None)
+        if whole is not None and spec.head_size % 16 == 0 and _rows_of_heads(key) and _rows_of_heads(value):
+            blocks = kv_cache.view(2, kv_cache.shape[1], -1)
+            if self._native(spec, query, blocks, groups[0]):
+                self._write_kv(spec, blocks, key, value, metadata.slot_mapping)
+                return self._prefill(spec, query, blocks, whole)
         # a prefill's rows read each other's keys, so they must all be written before any row attends
         if (len(groups) == 1 and groups[0].token_index is None and groups[0].max_query_len == 1
                 and _rows_of_heads(key) and _rows_of_heads(value)):
@@ -96,23 +117,34 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         if not self._native(spec, query, blocks, group) or (prefill and not _prefill_pays(spec, group)):
             return super()._attend(spec, query, key, value, blocks, group)
         if prefill:
-            return self._prefill(spec, query, blocks, group)
+            return self._prefill(spec, query, blocks, _prefill_inputs(group))
         return self._decode(spec, query, blocks, group, _native_inputs(group))
 
     def _prefill(self, spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor,
-                 group: AttentionGroup) -> torch.Tensor:
-        """The native prefill kernel over the group's tokens (their keys and values already in the cache)."""
-        tables, starts, contexts = _prefill_inputs(group)
+                 inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The native prefill kernel with ``inputs`` = (int32 block tables, int32 query starts, int32
+        context lengths) over the tokens' rows (their keys and values already in the cache)."""
+        tables, starts, contexts = inputs
         query = query.contiguous()
         out = torch.empty_like(query)
         block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
         native_call(
             self._prefill_kernel, query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), starts.data_ptr(),
-            contexts.data_ptr(), out.data_ptr(), group.num_requests, spec.num_heads, spec.num_kv_heads,
+            contexts.data_ptr(), out.data_ptr(), contexts.shape[0], spec.num_heads, spec.num_kv_heads,
             spec.head_size, block_size, blocks.shape[1], tables.stride(0), spec.scale, spec.sliding_window or 0,
             spec.logits_soft_cap or 0.0,
         )
         return out
+
+    def _write_kv(self, spec: AttentionSpec, blocks: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  slots: torch.Tensor) -> None:
+        """Store the step's keys and values at their int64 slots (as the reference's write does)."""
+        block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
+        refused = native_call(self._write_kernel, blocks.data_ptr(), blocks.shape[1], block_size,
+                              spec.num_kv_heads * spec.head_size, key.data_ptr(), key.stride(0), value.data_ptr(),
+                              value.stride(0), slots.data_ptr(), slots.shape[0])
+        if refused:
+            raise IndexError(f"{refused} slot(s) outside the KV cache of {blocks.shape[1] * block_size} slots")
 
     @staticmethod
     def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup) -> bool:
@@ -154,6 +186,14 @@ def _prefill_pays(spec: AttentionSpec, group: AttentionGroup) -> bool:
     keys otherwise; past that, with equal lengths, PyTorch's flash attention was 10-15% faster on
     two cores. The kernel's vectors are 16 floats of a head."""
     return spec.head_size % 16 == 0 and (group.pad_index is not None or group.max_seq_len <= PREFILL_MAX_EQUAL_KEYS)
+
+
+def _whole_prefill_pays(batch: AttentionBatch) -> bool:
+    """Whether a step is a prefill the native kernel takes whole: every request feeds several tokens
+    (a step mixing in decodes keeps the decode kernel for those), on the terms of ``_prefill_pays``."""
+    lens = batch.query_lens_cpu
+    return (batch.max_query_len > 1 and min(lens) > 1
+            and (len(set(lens)) > 1 or batch.max_seq_len <= PREFILL_MAX_EQUAL_KEYS))
 
 
 def _native_inputs(group: AttentionGroup) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,11 @@ operation of the forward. Allocations are kept alive by the graph (the recorded 
 them at every replay); views are free; any other operation computes something the list would not
 redo, so the capture is declined (``GraphCaptureDeclined``) and steps run eagerly — e.g. dense
 float32 layers, which run PyTorch's GEMM.
+
+Graphs made by one platform share an ``ActivationArena``: the i-th allocation of every capture is
+a view of the arena's i-th slot, so all graphs together keep about one largest forward's
+activations (not one per batch size and prefill length). Sound because graphs replay one at a time
+and every allocation is written by its own replay before it is read.
 """
 
 from __future__ import annotations
@@ -36,17 +41,45 @@ def _aliases(op: Any) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-class _ReplayGuard(TorchDispatchMode):
-    """Keeps every tensor allocated inside it; refuses any operation that is neither an allocation
-    nor a view."""
+class ActivationArena:
+    """Memory shared by the graphs of one platform, one slot per allocation index of a capture,
+    grown when a capture needs more (graphs captured before keep the smaller slot they use)."""
 
     def __init__(self) -> None:
+        self._slots: list[torch.Tensor] = []
+
+    def place(self, index: int, allocated: torch.Tensor) -> torch.Tensor:
+        """A tensor like ``allocated`` (shape, strides, dtype) on slot ``index``'s memory."""
+        nbytes = allocated.untyped_storage().nbytes()
+        if index < len(self._slots) and self._slots[index].numel() >= nbytes \
+                and self._slots[index].device == allocated.device:
+            slot = self._slots[index]
+        else:
+            slot = torch.empty(nbytes, dtype=torch.uint8, device=allocated.device)
+            self._slots[index:index + 1] = [slot]
+        return slot[:nbytes].view(allocated.dtype).as_strided(allocated.size(), allocated.stride(),
+                                                               allocated.storage_offset())
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the slots hold."""
+        return sum(slot.numel() for slot in self._slots)
+
+
+class _ReplayGuard(TorchDispatchMode):
+    """Keeps every tensor allocated inside it (on the arena's slots when given); refuses any
+    operation that is neither an allocation nor a view."""
+
+    def __init__(self, arena: ActivationArena | None) -> None:
         super().__init__()
         self.kept: list[torch.Tensor] = []
+        self._arena = arena
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in ALLOCATIONS:
             out = func(*args, **(kwargs or {}))
+            if self._arena is not None:
+                out = self._arena.place(len(self.kept), out)
             self.kept.append(out)
             return out
         if not _aliases(func):
@@ -60,7 +93,8 @@ class CpuDecodeGraph:
 
     freezes_plan = True
 
-    def __init__(self) -> None:
+    def __init__(self, arena: ActivationArena | None = None) -> None:
+        self._arena = arena
         self._recording: NativeRecording | None = None
         self._kept: list[torch.Tensor] = []
         self._output: torch.Tensor | None = None
@@ -71,7 +105,7 @@ class CpuDecodeGraph:
         record it; GraphCaptureDeclined when it runs anything but native calls, allocations and views."""
         metadata = plan()
         forward(metadata)
-        guard = _ReplayGuard()
+        guard = _ReplayGuard(self._arena)
         with NativeRecording() as recording, guard:
             output = forward(metadata)
         if not recording.calls:

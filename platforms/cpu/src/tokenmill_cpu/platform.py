@@ -38,6 +38,7 @@ class CpuPlatform(Platform):
 
     cpuinfo_path = "/proc/cpuinfo"
     meminfo_path = "/proc/meminfo"
+    _graph_arena: Any = None  # the ActivationArena of this platform's graphs, made with the first one
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -96,11 +97,14 @@ class CpuPlatform(Platform):
         return ("onednn-linear", "gguf-dequantized-onednn", "gguf-packed-cpu")
 
     def create_graph(self) -> Any:
-        """A new CpuDecodeGraph: a decode forward recorded as its native kernel calls, declined
-        (steps run eagerly) when the forward also runs PyTorch operations."""
-        from tokenmill_cpu.decode_graph import CpuDecodeGraph  # imports torch
+        """A new CpuDecodeGraph: a decode (or prefill) forward recorded as its native kernel calls,
+        declined (steps run eagerly) when the forward also runs PyTorch operations. The graphs of
+        this platform share one ActivationArena."""
+        from tokenmill_cpu.decode_graph import ActivationArena, CpuDecodeGraph  # imports torch
 
-        return CpuDecodeGraph()
+        if self._graph_arena is None:
+            self._graph_arena = ActivationArena()
+        return CpuDecodeGraph(self._graph_arena)
 
     def layer_kernels(self) -> LayerKernels | None:
         """RMSNorm, rotary and SiluAndMul in C (``CpuLayerKernels``) when a C compiler can build them;

@@ -1,5 +1,5 @@
-"""The CPU attention kernels ``paged_attention.c`` (decode and prefill), compiled once per machine and
-called through ctypes.
+"""The CPU attention kernels ``paged_attention.c`` (decode, prefill and the prefill's cache write),
+compiled once per machine and called through ctypes.
 
 Built and cached by core's ``build_native_library``; without a C compiler the kernel is unavailable
 and the CPU platform falls back to the plain-PyTorch attention (with that reason).
@@ -30,6 +30,9 @@ def load_library() -> ctypes.CDLL:
     prefill = library.paged_prefill_f32
     prefill.argtypes = [pointer] * 6 + [i64] * 7 + [ctypes.c_float, i64, ctypes.c_float]
     prefill.restype = None
+    write = library.write_kv_f32
+    write.argtypes = [pointer] + [i64] * 3 + [pointer, i64, pointer, i64, pointer, i64]
+    write.restype = i64
     return library
 
 

@@ -1,5 +1,6 @@
 /* Paged attention for float32 on the CPU: decode (paged_decode_f32, below) and prefill chunks
- * (paged_prefill_f32, at the end). Decode: one query token per request, keys and values read in
+ * (paged_prefill_f32, after it, and write_kv_f32, which stores a prefill's new keys and values
+ * first). Decode: one query token per request, keys and values read in
  * place from the block-structured cache (no gather), GQA, sliding window, soft-cap.
  *
  * cache layout: [2][num_blocks][block_size][num_kv_heads][head_size] (keys, then values), contiguous.
@@ -334,4 +335,26 @@ void paged_prefill_f32(const float *query, const float *cache, const int32_t *bl
             prefill_tile(query + head0, k, v, table, first_pos, tokens, group, num_heads, head_size, block_size,
                          block_stride, token_stride, scale, window, soft_cap, out + head0);
     }
+}
+
+/* Stores n rows of new keys and values ([n][num_kv_heads][head_size] with row strides key_stride and
+ * value_stride floats, heads contiguous within a row) at cache slots slots[i]: what a prefill writes
+ * before its rows attend. A slot outside the cache is skipped and counted; returns that count. */
+int64_t write_kv_f32(float *cache, int64_t num_blocks, int64_t block_size, int64_t token_floats,
+                     const float *keys, int64_t key_stride, const float *values, int64_t value_stride,
+                     const int64_t *slots, int64_t n) {
+    const int64_t num_slots = num_blocks * block_size;
+    float *value_cache = cache + num_slots * token_floats;
+    int64_t refused = 0;
+#pragma omp parallel for schedule(static) reduction(+ : refused) if (n >= 256)
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t slot = slots[i];
+        if (slot < 0 || slot >= num_slots) {
+            ++refused;
+            continue;
+        }
+        memcpy(cache + slot * token_floats, keys + i * key_stride, sizeof(float) * token_floats);
+        memcpy(value_cache + slot * token_floats, values + i * value_stride, sizeof(float) * token_floats);
+    }
+    return refused;
 }

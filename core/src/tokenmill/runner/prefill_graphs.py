@@ -1,0 +1,182 @@
+"""PrefillGraphRunner: one request's prefill chunk replayed through a graph per padded length.
+
+A short prompt's first token is latency a user waits on, and on a CPU a layer's Python (module
+calls, shape checks, allocations, each run with caches a matrix product has just flushed) costs
+as much as a quarter of its kernels. A step that feeds one request ``T`` tokens (``1 < T <=``
+the platform's ``prefill_graph_max_tokens``) is therefore padded up to the smallest bucket
+``B >= T`` (multiples of ``PREFILL_BUCKET_STEP``) and replayed through that bucket's graph.
+
+The static buffers hold two requests: rows ``:T`` are the real one (its context length, block
+table and slots as the step has them), rows ``T:B`` a padding request of ``B - T`` tokens at
+position 0 whose keys and values all go to slot ``padding_slot`` of the null block, with a block
+table of null blocks: it reads and writes only that block, and its rows are sliced off. A graph is
+captured on a dummy split (``B - 2`` tokens and 2 of padding), so its frozen attention plan is one
+the backend makes for any split (``AttentionCapabilities.prefill_graph_capture``). The largest
+bucket is captured while the engine starts (on platforms that share graph memory, it sizes that
+memory for every later graph); the others at their first use, which then costs two more forwards.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tokenmill.layers.context import AttentionContext
+from tokenmill.plugin_api import AttentionBackend, AttentionBatch
+from tokenmill.runner.graph_runner import NULL_BLOCK_ID, DecodeGraph, GraphCaptureDeclined
+from tokenmill.runner.step_inputs import StepInputs
+
+logger = logging.getLogger("tokenmill")
+
+PREFILL_BUCKET_STEP = 8
+_CAPTURE_PADDING = 2  # rows of padding in the dummy split a graph is captured on
+
+
+def prefill_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Padded prefill lengths 8, 16, 24, ... up to ``max_tokens`` (rounded down to a multiple of 8)."""
+    if max_tokens < PREFILL_BUCKET_STEP:
+        raise ValueError(f"prefill graphs need chunks of at least {PREFILL_BUCKET_STEP} tokens, got {max_tokens}")
+    return tuple(range(PREFILL_BUCKET_STEP, max_tokens + 1, PREFILL_BUCKET_STEP))
+
+
+class PrefillBuffers:
+    """Static inputs of a padded single-request prefill: up to ``max_tokens`` rows, two requests."""
+
+    def __init__(self, max_tokens: int, max_blocks_per_seq: int, device: torch.device) -> None:
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.query_start_loc = torch.zeros(3, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(2, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(2, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(2, max_blocks_per_seq, dtype=torch.int32, device=device)
+
+    def load(self, step: StepInputs, bucket: int, padding_slot: int) -> None:
+        """Copy a one-request prefill step into rows ``:T`` and make rows ``T:bucket`` padding."""
+        batch = step.attention
+        tokens, context = batch.num_tokens, batch.seq_lens_cpu[0] - batch.num_tokens
+        self.input_ids[:tokens].copy_(step.input_ids)
+        self.positions[:tokens].copy_(step.positions)
+        self.slot_mapping[:tokens].copy_(batch.slot_mapping)
+        width = batch.block_tables.shape[1]
+        self.block_tables[0, :width].copy_(batch.block_tables[0])
+        self.block_tables[0, width:].fill_(NULL_BLOCK_ID)
+        self._split(tokens, context, bucket, padding_slot)
+
+    def load_dummy(self, bucket: int, padding_slot: int) -> None:
+        """A capture's split: ``bucket - 2`` tokens at context 0 and 2 of padding, all in the null block."""
+        tokens = bucket - _CAPTURE_PADDING
+        self.input_ids[:tokens].zero_()
+        self.positions[:tokens].copy_(torch.arange(tokens))
+        self.slot_mapping[:tokens].fill_(padding_slot)
+        self.block_tables[0].fill_(NULL_BLOCK_ID)
+        self._split(tokens, 0, bucket, padding_slot)
+
+    def _split(self, tokens: int, context: int, bucket: int, padding_slot: int) -> None:
+        self.input_ids[tokens:bucket].zero_()
+        self.positions[tokens:bucket].zero_()
+        self.slot_mapping[tokens:bucket].fill_(padding_slot)
+        self.block_tables[1].fill_(NULL_BLOCK_ID)
+        self.query_start_loc.copy_(torch.tensor([0, tokens, bucket], dtype=torch.int32))
+        self.seq_lens.copy_(torch.tensor([context + tokens, bucket - tokens], dtype=torch.int32))
+        self.context_lens.copy_(torch.tensor([context, 0], dtype=torch.int32))
+
+    def batch(self, bucket: int, block_size: int) -> AttentionBatch:
+        """The AttentionBatch of the buffers as they hold a step now, every tensor a view of them."""
+        starts, lens = self.query_start_loc.tolist(), self.seq_lens.tolist()
+        query_lens = [starts[1] - starts[0], starts[2] - starts[1]]
+        return AttentionBatch(
+            query_start_loc=self.query_start_loc, seq_lens=self.seq_lens, context_lens=self.context_lens,
+            block_tables=self.block_tables, slot_mapping=self.slot_mapping[:bucket], query_lens_cpu=query_lens,
+            seq_lens_cpu=lens, max_query_len=max(query_lens), max_seq_len=max(lens), num_tokens=bucket,
+            block_size=block_size,
+        )
+
+
+class PrefillGraphRunner:
+    """Pads one-request prefill chunks to a bucket and replays that bucket's graph; ``capture`` first."""
+
+    def __init__(self, model: nn.Module, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
+                 max_tokens: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
+                 new_graph: Callable[[], DecodeGraph], padding_slot: int = NULL_BLOCK_ID) -> None:
+        if not 0 <= padding_slot < block_size:
+            raise ValueError(f"padding_slot {padding_slot} is not a slot of the null block (block size {block_size})")
+        self.model = model
+        self.backend = backend
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.padding_slot = padding_slot
+        self.buckets = prefill_buckets(max_tokens)
+        self.buffers = PrefillBuffers(self.buckets[-1], max_blocks_per_seq, device)
+        self.graphs: dict[int, DecodeGraph] = {}
+        self.declined: dict[int, str] = {}  # bucket -> why its capture was declined (it runs eagerly)
+        self._new_graph = new_graph
+        self._on = True
+
+    @torch.inference_mode()
+    def capture(self) -> bool:
+        """Capture the largest bucket (the others follow at first use); False, with the reason
+        logged, when its forward declines or the backend cannot keep a prefill plan."""
+        if not self.backend.capabilities.prefill_graph_capture:
+            logger.info("prefill graphs off: attention backend %s cannot replay a prefill plan", self.backend.name)
+            self._on = False
+            return False
+        largest = self.buckets[-1]
+        started = time.perf_counter()
+        if not self._capture(largest):
+            logger.info("prefill graphs off: %s", self.declined.get(largest, "capture failed"))
+            self._on = False
+            return False
+        logger.info("captured the prefill graph for %d tokens in %.2f s; chunks of one request up to %d tokens "
+                    "replay a graph per %d tokens, captured at first use", largest, time.perf_counter() - started,
+                    largest, PREFILL_BUCKET_STEP)
+        return True
+
+    def accepts(self, step: StepInputs) -> bool:
+        """Whether ``step`` prefills one request by 2 .. max tokens, without prompt logprobs, in a
+        bucket whose capture was not declined."""
+        batch = step.attention
+        return (self._on and batch.num_requests == 1 and 1 < batch.num_tokens <= self.buckets[-1]
+                and not step.prompt_logprob_spans and self.bucket_for(batch.num_tokens) not in self.declined)
+
+    def bucket_for(self, num_tokens: int) -> int:
+        """The smallest bucket that holds ``num_tokens``."""
+        return self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
+
+    @torch.inference_mode()
+    def run(self, step: StepInputs) -> torch.Tensor | None:
+        """Hidden states [T, hidden] of an accepted step through its bucket's graph (captured now
+        if this is the bucket's first use); None when that capture is declined (run it eagerly)."""
+        bucket = self.bucket_for(step.attention.num_tokens)
+        if bucket not in self.graphs and not self._capture(bucket):
+            return None
+        self.buffers.load(step, bucket, self.padding_slot)
+        return self.graphs[bucket].replay()[: step.attention.num_tokens]
+
+    def _capture(self, bucket: int) -> bool:
+        graph = self._new_graph()
+        self.buffers.load_dummy(bucket, self.padding_slot)
+        try:
+            graph.capture(lambda: self.backend.plan(self.buffers.batch(bucket, self.block_size)),
+                          lambda metadata: self._forward(bucket, metadata))
+        except GraphCaptureDeclined as reason:
+            self.declined[bucket] = f"{bucket} tokens: {reason}"
+            logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, reason)
+            return False
+        except Exception as error:  # the device refused to record this forward; prefill eagerly from now on
+            self.declined[bucket] = f"{bucket} tokens: {error}"
+            self._on = False
+            logger.warning("prefill graphs off: capturing %d tokens failed: %s", bucket, error)
+            return False
+        self.graphs[bucket] = graph
+        return True
+
+    def _forward(self, bucket: int, metadata: Any) -> torch.Tensor:
+        ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
+        return self.model(self.buffers.input_ids[:bucket], self.buffers.positions[:bucket], ctx)
