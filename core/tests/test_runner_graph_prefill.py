@@ -1,7 +1,8 @@
 """PrefillGraphRunner on the CPU: one request's prefill chunks, padded to a bucket and run through eager
 graphs, give the plain runner's tokens and logprobs (up to float rounding) and its KV cache, with and
 without a cached prefix; padding writes only the null block; only one-request prefills without prompt
-logprobs that fit the largest bucket are taken; a declined bucket runs eagerly from then on."""
+logprobs that fit the largest bucket are taken; a declined bucket runs eagerly, a declined largest
+bucket or a refused recording turns them all off."""
 
 import pytest
 import torch
@@ -108,7 +109,8 @@ def prompt(length: int, seed: int) -> list[int]:
 
 
 def test_buckets():
-    assert prefill_buckets(128) == tuple(range(8, 129, 8))
+    assert prefill_buckets(128) == (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+    assert prefill_buckets(100) == (8, 16, 24, 32, 40, 48, 56, 64, 80, 96)
     assert prefill_buckets(20) == (8, 16)
     with pytest.raises(ValueError, match="at least 8 tokens"):
         prefill_buckets(7)
@@ -118,7 +120,7 @@ def test_padded_prefills_match_the_plain_runner(tiny_llama):
     replays: list[int] = []
     plain, graphed = make_runner(tiny_llama), make_runner(tiny_llama)
     graphs = attach(graphed, lambda: LoggingGraph(replays))
-    assert graphs.buckets == (8, 16, 24) and graphs.capture() and set(graphs.graphs) == {24}
+    assert graphs.buckets == (8, 16, 24) and graphs.capture() and set(graphs.graphs) == {8, 16, 24}
     replays.clear()
     shared = prompt(12, seed=9)
     prompts = [prompt(5, 1), prompt(8, 2), prompt(17, 3), prompt(24, 4), shared + prompt(6, 5), shared + prompt(9, 6),
@@ -128,7 +130,6 @@ def test_padded_prefills_match_the_plain_runner(tiny_llama):
     assert lengths == [5, 8, 17, 24, 18, 9, 40], lengths
     taken = [n for n in lengths if n <= MAX_TOKENS]
     assert [r for r in replays if r > 1] == [graphs.bucket_for(n) for n in taken]
-    assert set(graphs.graphs) == {8, 16, 24}  # the smaller buckets were captured at their first use
 
 
 def test_chunks_of_a_long_prompt_take_the_graph_when_they_fit(tiny_llama):
@@ -188,22 +189,43 @@ def _aborted():
 
 
 class SmallDeclines(EagerDecodeGraph):
-    """A graph that cannot record forwards of fewer than 16 rows (as a kernel native only past a size)."""
+    """A graph that cannot record forwards of fewer than ``rows`` rows (a kernel native only past a size)."""
+
+    rows = 16
 
     def capture(self, plan, forward) -> None:
         super().capture(plan, forward)
-        if forward(plan()).shape[0] < 16:
-            raise GraphCaptureDeclined("a kernel below 16 rows is not native")
+        if forward(plan()).shape[0] < self.rows:
+            raise GraphCaptureDeclined(f"a kernel below {self.rows} rows is not native")
 
 
-def test_a_declined_bucket_runs_eagerly_and_is_not_tried_again(tiny_llama, caplog):
+def test_a_declined_bucket_runs_eagerly(tiny_llama, caplog):
     plain, graphed = make_runner(tiny_llama), make_runner(tiny_llama)
     graphs = attach(graphed, SmallDeclines)
-    assert graphs.capture()
     with caplog.at_level("INFO", logger="tokenmill"):
-        serve_one_by_one(plain, graphed, [prompt(6, 31), prompt(7, 32), prompt(20, 33)])
-    assert caplog.text.count("prefill graph for 8 tokens declined") == 1
-    assert set(graphs.graphs) == {24} and set(graphs.declined) == {8}
+        assert graphs.capture()
+    assert "prefill graph for 8 tokens declined, runs eagerly: a kernel below 16 rows" in caplog.text
+    assert set(graphs.graphs) == {16, 24} and set(graphs.declined) == {8}
+    step_lengths = serve_one_by_one(plain, graphed, [prompt(6, 31), prompt(20, 33)])
+    assert step_lengths == [6, 20]
+
+
+class LargestDeclines(SmallDeclines):
+    rows = 100
+
+
+class DeviceRefuses(EagerDecodeGraph):
+    def capture(self, plan, forward) -> None:
+        raise RuntimeError("the forward synchronises with the host")
+
+
+def test_a_declined_largest_bucket_or_a_refused_recording_turns_them_off(tiny_llama, caplog):
+    runner = make_runner(tiny_llama)
+    with caplog.at_level("INFO", logger="tokenmill"):
+        assert attach(runner, LargestDeclines).capture() is False
+        assert attach(runner, DeviceRefuses).capture() is False
+    assert "prefill graphs off: 24 tokens: a kernel below 100 rows is not native" in caplog.text
+    assert "prefill graphs off: capturing 24 tokens failed: the forward synchronises with the host" in caplog.text
 
 
 def test_a_backend_without_prefill_plans_turns_them_off(tiny_llama, caplog):

@@ -192,8 +192,8 @@ class Platform(ABC):
         call of ``fn`` and ``replay()`` that re-runs it (see ``tokenmill.runner.graph_runner``).
         Optional: only platforms whose ``capabilities.graph_capture`` is true implement it; the
         default raises NotImplementedError. Called in the engine process, once per captured decode
-        batch size while the engine starts and, with ``capabilities.prefill_graph_max_tokens``, once
-        per prefill length bucket (the largest at start, the others at their first use). Graphs are
+        batch size and, with ``capabilities.prefill_graph_max_tokens``, once per prefill length bucket,
+        all while the engine starts. Graphs are
         replayed one at a time, never concurrently, and each replay's output is read before the
         next replay, so a platform may let all of its graphs share activation memory."""
         raise NotImplementedError(f"platform {self.name} does not record graphs")

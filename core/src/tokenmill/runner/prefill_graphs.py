@@ -4,16 +4,18 @@ A short prompt's first token is latency a user waits on, and on a CPU a layer's 
 calls, shape checks, allocations, each run with caches a matrix product has just flushed) costs
 as much as a quarter of its kernels. A step that feeds one request ``T`` tokens (``1 < T <=``
 the platform's ``prefill_graph_max_tokens``) is therefore padded up to the smallest bucket
-``B >= T`` (multiples of ``PREFILL_BUCKET_STEP``) and replayed through that bucket's graph.
+``B >= T`` (8, 16, ... 64, then 80, 96, ...: at most 8 and 20% padding) and replayed through
+that bucket's graph.
 
 The static buffers hold two requests: rows ``:T`` are the real one (its context length, block
 table and slots as the step has them), rows ``T:B`` a padding request of ``B - T`` tokens at
 position 0 whose keys and values all go to slot ``padding_slot`` of the null block, with a block
 table of null blocks: it reads and writes only that block, and its rows are sliced off. A graph is
 captured on a dummy split (``B - 2`` tokens and 2 of padding), so its frozen attention plan is one
-the backend makes for any split (``AttentionCapabilities.prefill_graph_capture``). The largest
-bucket is captured while the engine starts (on platforms that share graph memory, it sizes that
-memory for every later graph); the others at their first use, which then costs two more forwards.
+the backend makes for any split (``AttentionCapabilities.prefill_graph_capture``). Every bucket
+is captured while the engine starts, largest first (on platforms whose graphs share memory it sizes
+that memory for the rest), so no request waits on a capture; a bucket whose capture is declined runs
+eagerly.
 """
 
 from __future__ import annotations
@@ -34,15 +36,16 @@ from tokenmill.runner.step_inputs import StepInputs
 
 logger = logging.getLogger("tokenmill")
 
-PREFILL_BUCKET_STEP = 8
+PREFILL_BUCKET_STEP = 8  # the smallest bucket, and the step up to 64 tokens
 _CAPTURE_PADDING = 2  # rows of padding in the dummy split a graph is captured on
 
 
 def prefill_buckets(max_tokens: int) -> tuple[int, ...]:
-    """Padded prefill lengths 8, 16, 24, ... up to ``max_tokens`` (rounded down to a multiple of 8)."""
+    """Padded prefill lengths 8, 16, ... 64 and then every 16 up to ``max_tokens`` (rounded down)."""
     if max_tokens < PREFILL_BUCKET_STEP:
         raise ValueError(f"prefill graphs need chunks of at least {PREFILL_BUCKET_STEP} tokens, got {max_tokens}")
-    return tuple(range(PREFILL_BUCKET_STEP, max_tokens + 1, PREFILL_BUCKET_STEP))
+    sizes = [*range(PREFILL_BUCKET_STEP, 65, PREFILL_BUCKET_STEP), *range(80, max_tokens + 1, 16)]
+    return tuple(size for size in sizes if size <= max_tokens)
 
 
 class PrefillBuffers:
@@ -117,65 +120,57 @@ class PrefillGraphRunner:
         self.graphs: dict[int, DecodeGraph] = {}
         self.declined: dict[int, str] = {}  # bucket -> why its capture was declined (it runs eagerly)
         self._new_graph = new_graph
-        self._on = True
 
     @torch.inference_mode()
     def capture(self) -> bool:
-        """Capture the largest bucket (the others follow at first use); False, with the reason
-        logged, when its forward declines or the backend cannot keep a prefill plan."""
+        """Capture every bucket, largest first; returns whether any graph was kept. Nothing is kept
+        when the backend cannot replay a prefill plan, the largest bucket declines, or the device
+        refuses to record (each logged); a smaller bucket that declines runs eagerly."""
         if not self.backend.capabilities.prefill_graph_capture:
             logger.info("prefill graphs off: attention backend %s cannot replay a prefill plan", self.backend.name)
-            self._on = False
             return False
-        largest = self.buckets[-1]
         started = time.perf_counter()
-        if not self._capture(largest):
-            logger.info("prefill graphs off: %s", self.declined.get(largest, "capture failed"))
-            self._on = False
-            return False
-        logger.info("captured the prefill graph for %d tokens in %.2f s; chunks of one request up to %d tokens "
-                    "replay a graph per %d tokens, captured at first use", largest, time.perf_counter() - started,
-                    largest, PREFILL_BUCKET_STEP)
+        for bucket in reversed(self.buckets):
+            try:
+                self.graphs[bucket] = self._capture(bucket)
+            except GraphCaptureDeclined as reason:
+                self.declined[bucket] = str(reason)
+                if bucket == self.buckets[-1]:
+                    logger.info("prefill graphs off: %d tokens: %s", bucket, reason)
+                    return False
+                logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, reason)
+            except Exception as error:  # the device refused to record this forward
+                self.graphs.clear()
+                logger.warning("prefill graphs off: capturing %d tokens failed: %s", bucket, error)
+                return False
+        logger.info("captured prefill graphs for one request's chunks of %s tokens in %.2f s", list(sorted(self.graphs)),
+                    time.perf_counter() - started)
         return True
 
     def accepts(self, step: StepInputs) -> bool:
         """Whether ``step`` prefills one request by 2 .. max tokens, without prompt logprobs, in a
-        bucket whose capture was not declined."""
+        bucket that has a graph."""
         batch = step.attention
-        return (self._on and batch.num_requests == 1 and 1 < batch.num_tokens <= self.buckets[-1]
-                and not step.prompt_logprob_spans and self.bucket_for(batch.num_tokens) not in self.declined)
+        return (batch.num_requests == 1 and 1 < batch.num_tokens <= self.buckets[-1] and not step.prompt_logprob_spans
+                and self.bucket_for(batch.num_tokens) in self.graphs)
 
     def bucket_for(self, num_tokens: int) -> int:
         """The smallest bucket that holds ``num_tokens``."""
         return self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
 
     @torch.inference_mode()
-    def run(self, step: StepInputs) -> torch.Tensor | None:
-        """Hidden states [T, hidden] of an accepted step through its bucket's graph (captured now
-        if this is the bucket's first use); None when that capture is declined (run it eagerly)."""
+    def run(self, step: StepInputs) -> torch.Tensor:
+        """Hidden states [T, hidden] of an accepted step's T tokens, through its bucket's graph."""
         bucket = self.bucket_for(step.attention.num_tokens)
-        if bucket not in self.graphs and not self._capture(bucket):
-            return None
         self.buffers.load(step, bucket, self.padding_slot)
         return self.graphs[bucket].replay()[: step.attention.num_tokens]
 
-    def _capture(self, bucket: int) -> bool:
+    def _capture(self, bucket: int) -> DecodeGraph:
         graph = self._new_graph()
         self.buffers.load_dummy(bucket, self.padding_slot)
-        try:
-            graph.capture(lambda: self.backend.plan(self.buffers.batch(bucket, self.block_size)),
-                          lambda metadata: self._forward(bucket, metadata))
-        except GraphCaptureDeclined as reason:
-            self.declined[bucket] = f"{bucket} tokens: {reason}"
-            logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, reason)
-            return False
-        except Exception as error:  # the device refused to record this forward; prefill eagerly from now on
-            self.declined[bucket] = f"{bucket} tokens: {error}"
-            self._on = False
-            logger.warning("prefill graphs off: capturing %d tokens failed: %s", bucket, error)
-            return False
-        self.graphs[bucket] = graph
-        return True
+        graph.capture(lambda: self.backend.plan(self.buffers.batch(bucket, self.block_size)),
+                      lambda metadata: self._forward(bucket, metadata))
+        return graph
 
     def _forward(self, bucket: int, metadata: Any) -> torch.Tensor:
         ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)

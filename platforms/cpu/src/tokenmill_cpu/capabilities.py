@@ -6,14 +6,14 @@ from tokenmill.plugin_api import Fp8Format, PlatformCapabilities
 
 from tokenmill_cpu.isa import has_int8_dot, has_native_bf16, has_native_fp16
 
-# A CPU decode graph keeps every activation of its forward alive (about 1 MiB per token of batch for a
-# 135M-parameter model: 237 MiB for the graphs of batch sizes 1 to 64). With the panel matmul a
+# A CPU graph keeps every activation of its forward alive (about 1.2 MiB per row for a 135M-parameter
+# model), on memory all of the platform's graphs share (ActivationArena). With the panel matmul a
 # dense float32 step is native calls only at every size; at 64 requests replaying them instead of
 # running the modules took 11 % off SmolLM2's decode steps. Past this size the kernels dominate.
 GRAPH_MAX_BATCH = 64
-# One request's prefill chunk up to this many tokens replays a graph too (padded to a multiple of 8):
+# One request's prefill chunk up to this many tokens replays a graph too (padded to 8, 16, ... 64, 80, ...):
 # for a 46-token prompt the kernels took 59 ms of an 80 ms forward, the Python between them the rest.
-# The graphs share the platform's activation memory with the decode graphs (about 160 MiB here).
+# The largest prefill graph sizes the shared activation memory (152 MiB for SmolLM2).
 PREFILL_GRAPH_MAX_TOKENS = 128
 
 
