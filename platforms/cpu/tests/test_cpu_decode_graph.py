@@ -1,15 +1,19 @@
 """CpuDecodeGraph on its own: a forward of native calls over static buffers is recorded and replayed on
 the buffers' new contents (same output tensor, same results as running the forward again); any
 PyTorch operation besides allocations and views declines the capture; native_call records only
-inside a recording."""
+inside a recording; replays run from C (CallList) where the calls fit its prototype, else from Python;
+graphs sharing an ActivationArena hold one largest forward's memory."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
 
 from tokenmill.layers.native_calls import NativeRecording, native_call
 from tokenmill.runner.graph_runner import GraphCaptureDeclined
+from tokenmill_cpu.call_list import MAX_INTS, CallList, unavailable_reason
 from tokenmill_cpu.capabilities import GRAPH_MAX_BATCH, PREFILL_GRAPH_MAX_TOKENS
 from tokenmill_cpu.decode_graph import ActivationArena, CpuDecodeGraph
 from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable
@@ -65,6 +69,38 @@ def test_graphs_sharing_an_arena_keep_one_largest_forward_and_stay_right():
     grown = arena.place(0, torch.empty(1 << 20))  # a larger allocation grows its slot ...
     assert grown.shape == (1 << 20,) and arena.nbytes > held
     assert torch.equal(graphs[1].replay(), small.forward())  # ... and the graphs keep the one they use
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+def test_replays_run_from_c_with_the_results_of_the_python_replay():
+    step = NativeStep(rows=16)
+    graph = CpuDecodeGraph()
+    graph.capture(lambda: None, step.forward)
+    assert graph.replayed_from == "C" and graph._call_list.count == graph.num_calls == 3
+    step.ids.copy_(torch.arange(16) * 7 % 30)
+    from_c = graph.replay().clone()
+    graph._recording.replay()
+    assert torch.equal(graph._output, from_c) and torch.equal(from_c, step.forward())
+
+
+def test_the_call_list_takes_only_what_its_prototype_carries(monkeypatch):
+    kernels = CpuLayerKernels()
+    gather = kernels._library.gather_rows
+    table, ids, out = torch.arange(6.0).view(3, 2), torch.tensor([2]), torch.empty(1, 2)
+    args = (table.data_ptr(), 3, 8, ids.data_ptr(), 1, out.data_ptr())
+    if unavailable_reason() is None:
+        assert isinstance(CallList.build([(gather, args)]), CallList)
+    assert "not a ctypes function" in CallList.build([(lambda *a: None, args)])
+    wide = ctypes.CDLL(None).printf  # any C function will do: it is never called
+    wide.argtypes = [ctypes.c_int64] * (MAX_INTS + 1)
+    assert "more than 20 integer" in CallList.build([(wide, tuple(range(MAX_INTS + 1)))])
+    wide.argtypes = [ctypes.c_double]
+    assert "takes a c_double argument 1.5" in CallList.build([(wide, (1.5,))])
+    monkeypatch.setenv("TOKENMILL_CPU_CALL_LIST", "0")
+    assert CallList.build([(gather, args)]) == "TOKENMILL_CPU_CALL_LIST=0"
+    graph = CpuDecodeGraph()
+    graph.capture(lambda: None, NativeStep().forward)
+    assert graph.replayed_from == "Python (TOKENMILL_CPU_CALL_LIST=0)" and graph.replay() is graph._output
 
 
 def test_torch_operations_decline_the_capture():

@@ -5,7 +5,7 @@ step of a small model spends as long in Python (module calls, shape checks, poin
 its kernels; when every kernel of the forward pass is a C function called through
 ``tokenmill.layers.native_call`` (the CPU layer kernels and attention, the packed GGUF matmul),
 the forward is fully described by that list of calls and their arguments, and ``replay`` runs the
-list alone.
+list alone: from C (``CallList``) where the calls fit its table, else from Python.
 
 The capture is checked, not trusted: it runs under a dispatch mode that sees every PyTorch
 operation of the forward. Allocations are kept alive by the graph (the recorded calls write to
@@ -29,6 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tokenmill.layers.native_calls import NativeRecording
 from tokenmill.runner.graph_runner import GraphCaptureDeclined
+
+from tokenmill_cpu.call_list import CallList
 
 aten = torch.ops.aten
 ALLOCATIONS = frozenset({aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
@@ -99,6 +101,8 @@ class CpuDecodeGraph:
         self._kept: list[torch.Tensor] = []
         self._output: torch.Tensor | None = None
         self._metadata: Any = None
+        self._call_list: CallList | None = None
+        self.replayed_from = ""  # "C", or "Python (why the call list does not take the calls)"
 
     def capture(self, plan: Callable[[], Any], forward: Callable[[Any], torch.Tensor]) -> None:
         """Plan once, run ``forward`` once eagerly (first-use work: building kernels, caches), then
@@ -111,12 +115,19 @@ class CpuDecodeGraph:
         if not recording.calls:
             raise GraphCaptureDeclined("the forward made no native calls")
         self._recording, self._kept, self._output, self._metadata = recording, guard.kept, output, metadata
+        table = CallList.build(recording.calls)
+        self._call_list = table if isinstance(table, CallList) else None
+        self.replayed_from = "C" if self._call_list is not None else f"Python ({table})"
 
     def replay(self) -> torch.Tensor:
-        """Run the recorded calls on the buffers' current contents; the same output tensor each time."""
+        """Run the recorded calls on the buffers' current contents (from C when the call list takes
+        them); the same output tensor each time."""
         if self._recording is None or self._output is None:
             raise RuntimeError("replay() before capture()")
-        self._recording.replay()
+        if self._call_list is not None:
+            self._call_list.run()
+        else:
+            self._recording.replay()
         return self._output
 
     @property
