@@ -1,8 +1,9 @@
 """PrefillGraphRunner on the CPU: one request's prefill chunks, padded to a bucket and run through eager
 graphs, give the plain runner's tokens and logprobs (up to float rounding) and its KV cache, with and
 without a cached prefix; padding writes only the null block; only one-request prefills without prompt
-logprobs that fit the largest bucket are taken; a declined bucket runs eagerly, a declined largest
-bucket or a refused recording turns them all off."""
+logprobs that fit the largest bucket are taken; a declined bucket runs eagerly, buckets above the
+largest that captures run eagerly (found by bisection), a declined smallest and largest bucket or a
+refused recording turns them all off."""
 
 import pytest
 import torch
@@ -212,6 +213,39 @@ def test_a_declined_bucket_runs_eagerly(tiny_llama, caplog):
 
 class LargestDeclines(SmallDeclines):
     rows = 100
+
+
+class LargeDeclines(EagerDecodeGraph):
+    """Declines above 16 rows, like a kernel that takes a GEMM route for long prefills."""
+
+    captured: list[int] = []
+
+    def capture(self, plan, forward) -> None:
+        rows = forward(plan()).shape[0]
+        type(self).captured.append(rows)
+        if rows > 16:
+            raise GraphCaptureDeclined("a kernel above 16 rows is not native")
+        super().capture(plan, forward)
+
+
+def test_buckets_above_the_largest_that_captures_run_eagerly(tiny_llama, caplog):
+    """The largest bucket declines, the smallest captures: a bisection finds the largest that
+    captures, and every bucket up to it is captured once."""
+    plain, graphed = make_runner(tiny_llama), make_runner(tiny_llama)
+    graphed.prefill_graphs = PrefillGraphRunner(
+        graphed.model, graphed.backend, graphed.kv_caches, max_tokens=64,
+        max_blocks_per_seq=graphed.inputs.max_blocks_per_seq, block_size=BLOCK_SIZE, device=graphed.device,
+        new_graph=LargeDeclines)
+    graphs = graphed.prefill_graphs
+    LargeDeclines.captured.clear()
+    with caplog.at_level("INFO", logger="tokenmill"):
+        assert graphs.capture()
+    assert set(graphs.graphs) == {8, 16} and set(graphs.declined) == {24, 32, 40, 48, 56, 64}
+    assert LargeDeclines.captured == [64, 8, 32, 16, 24]  # largest, smallest, then the bisection
+    assert graphs.declined[64] == "a kernel above 16 rows is not native"
+    assert graphs.declined[40] == "larger than 16 tokens, the largest that captures"
+    step_lengths = serve_one_by_one(plain, graphed, [prompt(6, 31), prompt(20, 33), prompt(14, 35)])
+    assert step_lengths == [6, 20, 14]
 
 
 class DeviceRefuses(EagerDecodeGraph):

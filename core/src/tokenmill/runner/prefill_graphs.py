@@ -15,7 +15,9 @@ captured on a dummy split (``B - 2`` tokens and 2 of padding), so its frozen att
 the backend makes for any split (``AttentionCapabilities.prefill_graph_capture``). Every bucket
 is captured while the engine starts, largest first (on platforms whose graphs share memory it sizes
 that memory for the rest), so no request waits on a capture; a bucket whose capture is declined runs
-eagerly.
+eagerly. When the largest declines but the smallest captures (a kernel that leaves native code above
+some number of tokens, like the GGUF CPU kernel's GEMM route for long prefills), a bisection finds
+the largest bucket that captures.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from tokenmill.runner.graph_runner import NULL_BLOCK_ID, DecodeGraph, GraphCaptu
 from tokenmill.runner.step_inputs import StepInputs
 
 logger = logging.getLogger("tokenmill")
+
+class _RecordingRefused(RuntimeError):
+    """A capture failed for another reason than a decline: no prefill graph is kept."""
+
 
 PREFILL_BUCKET_STEP = 8  # the smallest bucket, and the step up to 64 tokens
 _CAPTURE_PADDING = 2  # rows of padding in the dummy split a graph is captured on
@@ -124,27 +130,55 @@ class PrefillGraphRunner:
     @torch.inference_mode()
     def capture(self) -> bool:
         """Capture every bucket, largest first; returns whether any graph was kept. Nothing is kept
-        when the backend cannot replay a prefill plan, the largest bucket declines, or the device
-        refuses to record (each logged); a smaller bucket that declines runs eagerly."""
+        when the backend cannot replay a prefill plan, the smallest and the largest bucket both
+        decline, or the device refuses to record (each logged). When only the largest declines (a
+        kernel that leaves native code above some size), a bisection finds the largest bucket that
+        captures and the buckets above it run eagerly, as does any smaller one that declines."""
         if not self.backend.capabilities.prefill_graph_capture:
             logger.info("prefill graphs off: attention backend %s cannot replay a prefill plan", self.backend.name)
             return False
         started = time.perf_counter()
-        for bucket in reversed(self.buckets):
-            try:
-                self.graphs[bucket] = self._capture(bucket)
-            except GraphCaptureDeclined as reason:
-                self.declined[bucket] = str(reason)
-                if bucket == self.buckets[-1]:
-                    logger.info("prefill graphs off: %d tokens: %s", bucket, reason)
+        buckets = self.buckets
+        try:
+            top = len(buckets) - 1
+            if not self._try_capture(buckets[top]):
+                if top == 0 or not self._try_capture(buckets[0]):
+                    logger.info("prefill graphs off: %d tokens: %s", buckets[-1], self.declined[buckets[-1]])
                     return False
-                logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, reason)
-            except Exception as error:  # the device refused to record this forward
-                self.graphs.clear()
-                logger.warning("prefill graphs off: capturing %d tokens failed: %s", bucket, error)
-                return False
+                top = self._largest_capturing(0, top)
+                for bucket in buckets[top + 1:]:
+                    self.declined.setdefault(bucket, f"larger than {buckets[top]} tokens, the largest that captures")
+            for bucket in reversed(buckets[:top + 1]):
+                if bucket not in self.graphs and bucket not in self.declined and not self._try_capture(bucket):
+                    logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, self.declined[bucket])
+        except _RecordingRefused as error:
+            self.graphs.clear()
+            logger.warning("prefill graphs off: %s", error)
+            return False
         logger.info("captured prefill graphs for one request's chunks of %s tokens in %.2f s", list(sorted(self.graphs)),
                     time.perf_counter() - started)
+        return True
+
+    def _largest_capturing(self, captured: int, declined: int) -> int:
+        """The index of the largest bucket that captures between bucket indices ``captured`` (one that
+        did) and ``declined`` (one that did not), by bisection."""
+        while declined - captured > 1:
+            middle = (captured + declined) // 2
+            if self._try_capture(self.buckets[middle]):
+                captured = middle
+            else:
+                declined = middle
+        return captured
+
+    def _try_capture(self, bucket: int) -> bool:
+        """Capture ``bucket``'s graph; False (with the reason in ``declined``) when the capture is declined."""
+        try:
+            self.graphs[bucket] = self._capture(bucket)
+        except GraphCaptureDeclined as reason:
+            self.declined[bucket] = str(reason)
+            return False
+        except Exception as error:  # the device refused to record this forward
+            raise _RecordingRefused(f"capturing {bucket} tokens failed: {error}") from error
         return True
 
     def accepts(self, step: StepInputs) -> bool:
