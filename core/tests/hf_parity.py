@@ -1,13 +1,11 @@
 """Shared checks of tokenmill models against Hugging Face transformers: tiny random-weight models
 saved as safetensors, loaded by tokenmill's loader, run through the reference paged attention on
 flat mixed batches (prefill of several sequences, then decode steps), logits compared with HF's
-forward and its own KV cache. Tests import it by file path (``load_sibling``)."""
+forward and its own KV cache. Tests import it by file path (they run with --import-mode=importlib)."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import sys
 from pathlib import Path
 
 import torch
@@ -16,23 +14,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.reference.paged_harness import PagedHarness
 
 ATOL = 1e-4
 
 
-def load_sibling(name: str):
-    """Import ``core/tests/<name>.py`` (tests run with --import-mode=importlib)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-harness_module = load_sibling("paged_attention_harness")
 
 
 def save_tiny(config, path: Path, seed: int = 0):
@@ -53,7 +40,7 @@ class Runner:
         self.model = build_model(config, build)
         load_weights(self.model, str(path))
         self.backend = ReferenceAttentionBackend()
-        self.harness = harness_module.PagedHarness(block_size=block_size, num_blocks=num_blocks, seed=1)
+        self.harness = PagedHarness(block_size=block_size, num_blocks=num_blocks, seed=1)
         self.caches = self.harness.allocate_caches(self.backend, self.model.attention_specs())
 
     def step(self, chunks):

@@ -1,27 +1,13 @@
 """ReferenceAttentionBackend against dense per-sequence attention: prefill, decode, mixed steps,
 chunked prefill and shared prefixes, GQA/MQA, sliding windows, soft-capping, dtypes, fp8 caches."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tokenmill.plugin_api import AttentionSpec
 from tokenmill.reference.attention import ReferenceAttentionBackend
-
-
-def _load_harness():
-    path = Path(__file__).with_name("paged_attention_harness.py")
-    spec = importlib.util.spec_from_file_location("paged_attention_harness", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness_module = _load_harness()
+from tokenmill.reference.paged_harness import PagedHarness
 
 
 def dense_attention(q, k, v, scale, window=None, softcap=None):
@@ -59,7 +45,7 @@ class Scenario:
                              torch.randn(length, kv_heads, head_size, generator=gen),
                              torch.randn(length, kv_heads, head_size, generator=gen))
         self.backend = ReferenceAttentionBackend()
-        self.harness = harness_module.PagedHarness(block_size=block_size, num_blocks=64, seed=seed)
+        self.harness = PagedHarness(block_size=block_size, num_blocks=64, seed=seed)
         self.caches = self.harness.allocate_caches(self.backend, [self.spec])
         self.fed = {seq: 0 for seq in lengths}
 

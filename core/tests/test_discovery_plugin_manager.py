@@ -4,6 +4,7 @@
 from types import SimpleNamespace
 
 import pytest
+
 from tokenmill.discovery import (
     PluginConflictError,
     PluginRegistry,

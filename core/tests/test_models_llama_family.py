@@ -2,10 +2,7 @@
 saved as safetensors, loaded by tokenmill's loader, run through the reference paged attention on
 flat mixed batches, logits compared with HF's own forward (and its KV cache for decoding)."""
 
-import importlib.util
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,18 +19,7 @@ from transformers import (
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.reference.attention import ReferenceAttentionBackend
-
-
-def _load_harness():
-    path = Path(__file__).with_name("paged_attention_harness.py")
-    spec = importlib.util.spec_from_file_location("paged_attention_harness", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness_module = _load_harness()
+from tokenmill.reference.paged_harness import PagedHarness
 
 ATOL = 1e-4
 COMMON = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
@@ -83,7 +69,7 @@ class Runner:
         self.model = build_model(config, build)
         load_weights(self.model, str(path))
         self.backend = ReferenceAttentionBackend()
-        self.harness = harness_module.PagedHarness(block_size=block_size, num_blocks=48, seed=1)
+        self.harness = PagedHarness(block_size=block_size, num_blocks=48, seed=1)
         self.caches = self.harness.allocate_caches(self.backend, self.model.attention_specs())
 
     def step(self, chunks):

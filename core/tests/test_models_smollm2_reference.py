@@ -2,8 +2,6 @@
 tokenmill's Llama and the reference paged attention, against transformers' own forward."""
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,17 +9,11 @@ import torch
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model
 from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.reference.paged_harness import PagedHarness
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _load_harness():
-    path = Path(__file__).with_name("paged_attention_harness.py")
-    spec = importlib.util.spec_from_file_location("paged_attention_harness", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -37,7 +29,7 @@ def test_smollm2_logits_match_transformers():
     assert model.load_weights(hf.state_dict().items()) == {name for name, _ in model.named_parameters()}
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
-    harness = _load_harness().PagedHarness(block_size=16, num_blocks=32)
+    harness = PagedHarness(block_size=16, num_blocks=32)
     backend = ReferenceAttentionBackend()
     caches = harness.allocate_caches(backend, model.attention_specs())
     prompts = [[1, 4093, 2683, 314, 253, 1345, 28, 339, 1073, 2428, 30], [1, 9690, 198, 2683, 359, 346]]

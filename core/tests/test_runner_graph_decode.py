@@ -11,8 +11,13 @@ from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, Platform, PlatformCapabilities, ProbeResult
 from tokenmill.reference.attention import ReferenceAttentionBackend
 from tokenmill.request import Request
-from tokenmill.runner.graph_runner import (DecodeGraphRunner, EagerDecodeGraph, GraphCaptureDeclined, decode_buckets,
-                                          decode_graph_factory)
+from tokenmill.runner.graph_runner import (
+    DecodeGraphRunner,
+    EagerDecodeGraph,
+    GraphCaptureDeclined,
+    decode_buckets,
+    decode_graph_factory,
+)
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler import Scheduler, SchedulerConfig

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenmill.sampling import prompt_logprobs_for_chunk
 from tokenmill.sampling import logprobs as logprobs_module
+from tokenmill.sampling import prompt_logprobs_for_chunk
 
 VOCAB = 40
 

@@ -2,6 +2,7 @@
 the --attention-backend override and the fall back to the reference backend."""
 
 import pytest
+
 from tokenmill.discovery import PluginRegistry, SelectionError, select_attention_backend
 from tokenmill.plugin_api import (
     AttentionBackend,

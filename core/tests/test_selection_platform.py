@@ -4,6 +4,7 @@ import textwrap
 from importlib.metadata import EntryPoint
 
 import pytest
+
 from tokenmill.discovery import PluginRegistry, PluginStatus, SelectionError, select_platform
 from tokenmill.plugin_api import PLUGIN_API_VERSION, DeviceInfo, Platform, PlatformCapabilities, ProbeResult
 

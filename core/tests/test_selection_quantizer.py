@@ -2,6 +2,7 @@
 the per-layer kernel choice with the platform's kernel preference and recorded rejections."""
 
 import pytest
+
 from tokenmill.discovery import PluginRegistry, SelectionError, select_kernel, select_quantizer
 from tokenmill.plugin_api import LinearSpec, Platform, PlatformCapabilities, ProbeResult, Quantizer, QuantKernel
 

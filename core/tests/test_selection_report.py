@@ -4,6 +4,7 @@ checkpoint config, and the rendered startup report."""
 import json
 
 import pytest
+
 from tokenmill.discovery import ModelDescription, PluginRegistry, SelectionError, SelectionRequest, select
 from tokenmill.plugin_api import (
     AttentionBackend,

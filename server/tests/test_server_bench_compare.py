@@ -9,8 +9,7 @@ import time
 import pytest
 
 from tokenmill.benchmarks.peer_venv import PEERS_DIR, PeerVenv
-from tokenmill_server.bench import bench_command
-from tokenmill_server.bench import serve_comparison
+from tokenmill_server.bench import bench_command, serve_comparison
 from tokenmill_server.bench.comparison_report import build_report, contention_notes, median_run, ratios, render
 from tokenmill_server.bench.other_cpu import OtherCpu
 from tokenmill_server.bench.proc_table import descendant_groups, read_proc_table

@@ -4,9 +4,9 @@ configurations: plain batch, prefix caching, 16-token chunked prefill, and preem
 from __future__ import annotations
 
 import pytest
+import smollm2
 import torch
 
-import smollm2
 from tokenmill import LLM, SamplingParams
 from tokenmill.benchmarks.workloads import chat_prompts, raw_prompts, shared_prefix_prompts
 

@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+
 from tokenmill.plugin_api import ENTRY_POINT_GROUPS, ProbeResult
 
 PLATFORMS = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUPS["platform"]), key=lambda ep: ep.name)

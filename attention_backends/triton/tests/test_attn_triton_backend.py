@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+
 from tokenmill.plugin_api import PLUGIN_API_VERSION, AttentionSpec, is_compatible
 from tokenmill_attn_triton import TritonAttentionBackend
 

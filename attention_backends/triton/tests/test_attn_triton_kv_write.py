@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from tokenmill_attn_triton.kv_cache_write import write_kv_cache
 
 

@@ -4,6 +4,7 @@ contents afterwards."""
 
 import pytest
 import torch
+
 from tokenmill.reference.attention import ReferenceAttentionBackend
 
 

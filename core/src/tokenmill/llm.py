@@ -106,7 +106,7 @@ class LLM:
             raise ValueError(f"got {len(prompts)} prompts but {len(priority)} priorities")
         order: dict[str, int] = {}
         try:
-            for index, ((prompt, text), params) in enumerate(zip(prompts, params_list)):
+            for index, ((prompt, text), params) in enumerate(zip(prompts, params_list, strict=True)):
                 request_id = str(next(self._counter))
                 order[request_id] = index
                 self.engine.add_request(request_id, prompt, params, priority=priority[index] if priority else 0,

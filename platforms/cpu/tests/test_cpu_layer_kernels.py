@@ -12,7 +12,12 @@ from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryAngles
-from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable, load_small_batch_matmul
+from tokenmill_cpu.layer_kernels import (
+    SMALL_BATCH_ROWS,
+    CpuLayerKernels,
+    layer_ops_unavailable,
+    load_small_batch_matmul,
+)
 from tokenmill_cpu.panel_matmul import PANEL_MAX_ROWS
 from tokenmill_cpu.platform import LAYER_KERNELS_ENV, CpuPlatform
 
@@ -88,9 +93,10 @@ def test_gather_rows_refuses_indices_outside_the_table(kernels):
 
 
 def test_embedding_and_rotary_angles_gather_through_the_kernels(kernels):
+    from transformers import LlamaConfig
+
     from tokenmill.layers.embedding import VocabEmbedding
     from tokenmill.layers.rotary import build_rotary
-    from transformers import LlamaConfig
 
     embedding = VocabEmbedding(40, 16, dtype=torch.float32)
     embedding.weight.data.normal_()
@@ -155,8 +161,9 @@ def test_unsupported_inputs_are_declined(kernels):
 
 
 def test_the_platform_hands_the_kernels_to_the_model(monkeypatch):
-    from tokenmill.loader.model_loader import build_model
     from transformers import LlamaConfig
+
+    from tokenmill.loader.model_loader import build_model
 
     platform = CpuPlatform()
     assert isinstance(platform.layer_kernels(), CpuLayerKernels)

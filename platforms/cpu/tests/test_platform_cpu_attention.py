@@ -7,7 +7,6 @@ import torch
 
 from tokenmill.plugin_api import AttentionBatch, AttentionSpec
 from tokenmill.reference.attention import ReferenceAttentionBackend
-
 from tokenmill_cpu.attention import CpuAttentionBackend
 from tokenmill_cpu.kernels.native import unavailable_reason
 
@@ -16,11 +15,11 @@ pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(una
 
 def _batch(query_lens, context_lens, block_size, num_blocks, generator):
     """A step over requests with random, disjoint block tables (block 0 stays the null block)."""
-    seq_lens = [q + c for q, c in zip(query_lens, context_lens)]
+    seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
     needed = [-(-s // block_size) for s in seq_lens]
     ids = (torch.randperm(num_blocks - 1, generator=generator) + 1).tolist()
     tables, slots = torch.zeros(len(seq_lens), max(needed), dtype=torch.int32), []
-    for row, (count, q, c) in enumerate(zip(needed, query_lens, context_lens)):
+    for row, (count, q, c) in enumerate(zip(needed, query_lens, context_lens, strict=True)):
         tables[row, :count] = torch.tensor([ids.pop() for _ in range(count)], dtype=torch.int32)
         slots += [int(tables[row, p // block_size]) * block_size + p % block_size for p in range(c, c + q)]
     starts = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)

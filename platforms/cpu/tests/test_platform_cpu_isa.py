@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tokenmill_cpu.capabilities import cpu_capabilities
 from tokenmill_cpu.cpuinfo import CpuInfo, parse_cpuinfo, read_cpuinfo
 from tokenmill_cpu.isa import isa_features

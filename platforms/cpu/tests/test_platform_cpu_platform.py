@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tokenmill_cpu import platform as cpu_platform
 from tokenmill_cpu.platform import KV_CACHE_CAP, CpuPlatform
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from tokenmill_metal.platform import MetalPlatform
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tokenmill.plugin_api import Fp8Format
 from tokenmill_rocm.capabilities import base_arch, rocm_capabilities
 from tokenmill_rocm.platform import RocmPlatform

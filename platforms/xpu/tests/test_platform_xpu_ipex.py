@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import torch
+
 from tokenmill_xpu import ipex
 from tokenmill_xpu.platform import XpuPlatform
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import sys
 
+import torch  # noqa: F401
+
 # Imported here so the in-process runs below find them already loaded (pytester restores
 # sys.modules afterwards, and torch cannot be imported twice).
 import tokenmill.reference.attention  # noqa: F401
 import tokenmill_testkit.attention_conformance  # noqa: F401
 import tokenmill_testkit.platform_conformance  # noqa: F401
 import tokenmill_testkit.quantizer_conformance  # noqa: F401
-import torch  # noqa: F401
 
 pytest_plugins = ["pytester"]
 ARGS = ("-p", "no:cacheprovider", "--import-mode=importlib", "-q", "-rfs")

@@ -7,13 +7,15 @@ GPU: the test_quant_gguf_triton tests then run the kernels in Triton's interpret
 from __future__ import annotations
 
 import importlib.util
-from types import SimpleNamespace
 import os
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
 import pytest
 import torch
+
+from tokenmill_quant_gguf.ggml_type import GGMLType
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"

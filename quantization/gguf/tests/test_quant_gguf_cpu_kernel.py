@@ -16,8 +16,14 @@ import torch
 
 from tokenmill.layers.native_library import FLAGS, compiler
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
-from tokenmill_quant_gguf.cpu_kernel import (DEQUANTIZE_ROWS, SOURCE, GGUFPackedCpuKernel, cpu_ordered,
-                                             load_library, native_unavailable)
+from tokenmill_quant_gguf.cpu_kernel import (
+    DEQUANTIZE_ROWS,
+    SOURCE,
+    GGUFPackedCpuKernel,
+    cpu_ordered,
+    load_library,
+    native_unavailable,
+)
 from tokenmill_quant_gguf.dequantize import dequantize
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer

@@ -3,10 +3,7 @@ tokenmill's model in both layouts, against transformers' forward on its own load
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import gguf
 import pytest
@@ -16,9 +13,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.reference.paged_harness import PagedHarness
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 
-HARNESS = Path(__file__).resolve().parents[3] / "core" / "tests" / "paged_attention_harness.py"
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, initializer_range=0.1)
 T = gguf.GGMLQuantizationType
@@ -31,12 +28,6 @@ def mixed_types(name: str) -> gguf.GGMLQuantizationType:
     return T.Q5_1 if name.startswith("blk.") else T.Q8_0
 
 
-def _harness():
-    spec = importlib.util.spec_from_file_location("paged_attention_harness", HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("arch, config", [
@@ -67,7 +58,7 @@ def test_tokenmill_matches_transformers_on_the_same_gguf(gguf_fixtures, arch, co
         assert [t.name for _, _, t in qkv.gguf_segments] == ["Q5_1", "Q8_0"]
 
     tokens = [5, 17, 42, 8, 91, 33, 2, 60]
-    harness = _harness().PagedHarness(block_size=16, num_blocks=8)
+    harness = PagedHarness(block_size=16, num_blocks=8)
     backend = ReferenceAttentionBackend()
     caches = harness.allocate_caches(backend, model.attention_specs())
     step = harness.step([(0, tokens)])

@@ -3,10 +3,7 @@ transformers' own GGUF load, and tokenmill's model built from it (both layouts) 
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +12,8 @@ from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.linear import Linear
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.reference.paged_harness import PagedHarness
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
-
-HARNESS = Path(__file__).resolve().parents[3] / "core" / "tests" / "paged_attention_harness.py"
 
 
 def test_detect_file_and_directory(smollm2_gguf, tmp_path):
@@ -81,12 +77,6 @@ def test_every_tensor_equals_transformers_gguf_load(smollm2_gguf, hf_reference):
         assert torch.equal(tensor, expected[name]), name
 
 
-def _load_harness():
-    spec = importlib.util.spec_from_file_location("paged_attention_harness", HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +98,7 @@ def tokenmill_models(smollm2_gguf):
 
 
 def _prefill_logits(model, tokens):
-    harness = _load_harness().PagedHarness(block_size=16, num_blocks=8)
+    harness = PagedHarness(block_size=16, num_blocks=8)
     backend = ReferenceAttentionBackend()
     caches = harness.allocate_caches(backend, model.attention_specs())
     step = harness.step([(0, tokens)])

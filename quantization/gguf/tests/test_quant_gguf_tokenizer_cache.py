@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 
-import pytest
-
 from tokenmill.tokenizer import gguf_tokenizer
 from tokenmill.tokenizer.gguf_tokenizer import cache_key, load_gguf_tokenizer, tokenizer_cache_dir
 from tokenmill.tokenizer.loader import load_tokenizer

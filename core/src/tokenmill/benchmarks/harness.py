@@ -87,8 +87,9 @@ def exit_status(returncode: int) -> str:
 
 def agreement(reference: list[list[int]], other: list[list[int]]) -> dict[str, Any]:
     """How many sequences are token-for-token identical, and where the others first differ."""
-    same = sum(a == b for a, b in zip(reference, other))
-    first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(reference, other) if a != b]
+    same = sum(a == b for a, b in zip(reference, other, strict=True))
+    first = [next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+             for a, b in zip(reference, other, strict=True) if a != b]
     return {"identical": same, "total": len(reference), "first_divergence": first}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 from tokenmill.config import ModelConfig
 from tokenmill.sampling_params import SamplingParams
@@ -13,7 +13,7 @@ from tokenmill.tokenizer.chat_template import chat_prompt_token_ids
 
 logger = logging.getLogger("tokenmill")
 
-PromptType = Union[str, Sequence[int], Mapping[str, Any]]
+PromptType = str | Sequence[int] | Mapping[str, Any]
 
 
 class PromptTooLongError(ValueError):

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from tokenmill.layers.linear import Linear
-from tokenmill.plugin_api import LayerKernels, LinearSpec, QuantKernel, Quantizer
+from tokenmill.plugin_api import LayerKernels, LinearSpec, Quantizer, QuantKernel
 
 
 class VocabEmbedding(nn.Module):

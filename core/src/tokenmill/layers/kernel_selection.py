@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, QuantKernel, Quantizer
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 
 
 class NoKernelError(RuntimeError):

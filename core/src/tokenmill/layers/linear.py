@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tokenmill.plugin_api import LinearSpec, QuantKernel, Quantizer
+from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 
 
 def shard_range(output_sizes: Sequence[int], shard_index: int) -> tuple[int, int]:

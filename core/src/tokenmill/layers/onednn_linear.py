@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, QuantKernel, Quantizer
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 
 _DTYPES = ("float32", "bfloat16")
 _BATCH_HINT = 64

@@ -21,7 +21,7 @@ from tokenmill.plugin_api.platform import (
     PlatformCapabilities,
     ProbeResult,
 )
-from tokenmill.plugin_api.quantization import LinearSpec, QuantKernel, Quantizer
+from tokenmill.plugin_api.quantization import LinearSpec, Quantizer, QuantKernel
 from tokenmill.plugin_api.version import PLUGIN_API_VERSION, is_compatible
 
 ENTRY_POINT_GROUPS = {

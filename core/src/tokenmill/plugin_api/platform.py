@@ -23,7 +23,7 @@ from tokenmill.plugin_api.layer_kernels import LayerKernels
 from tokenmill.plugin_api.version import PLUGIN_API_VERSION
 
 
-class Fp8Format(str, enum.Enum):
+class Fp8Format(enum.StrEnum):
     """Which 8-bit float encoding the hardware computes in, if any."""
 
     NONE = "none"

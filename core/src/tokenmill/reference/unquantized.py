@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, QuantKernel, Quantizer
+from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 
 FALLBACK_CONFIDENCE = 0.01
 

@@ -150,12 +150,14 @@ class DecodeBuffers:
         )
 
 
-class DecodeGraphRunner:
-    """Pads decode-only steps to a bucket and replays that bucket's graph; ``capture`` first."""
+class BucketGraphRunner:
+    """What the decode and the prefill graph runners share: the model, attention backend and KV caches
+    a captured forward runs with, the null block's padding slot, the buckets and their graphs. A
+    subclass sets ``buffers`` (static ``input_ids`` and ``positions`` at least)."""
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
-                 max_num_seqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
-                 new_graph: Callable[[], DecodeGraph], padding_slot: int = NULL_BLOCK_ID) -> None:
+                 buckets: tuple[int, ...], block_size: int, new_graph: Callable[[], DecodeGraph],
+                 padding_slot: int = NULL_BLOCK_ID) -> None:
         if not 0 <= padding_slot < block_size:
             raise ValueError(f"padding_slot {padding_slot} is not a slot of the null block (block size {block_size})")
         self.model = model
@@ -163,10 +165,28 @@ class DecodeGraphRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.padding_slot = padding_slot
-        self.buckets = decode_buckets(max_num_seqs)
-        self.buffers = DecodeBuffers(self.buckets[-1], max_blocks_per_seq, device)
+        self.buckets = buckets
         self.graphs: dict[int, DecodeGraph] = {}
         self._new_graph = new_graph
+
+    def bucket_for(self, size: int) -> int:
+        """The smallest bucket that holds ``size`` (requests or tokens)."""
+        return self.buckets[bisect.bisect_left(self.buckets, size)]
+
+    def _forward(self, bucket: int, metadata: Any) -> torch.Tensor:
+        ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
+        return self.model(self.buffers.input_ids[:bucket], self.buffers.positions[:bucket], ctx)
+
+
+class DecodeGraphRunner(BucketGraphRunner):
+    """Pads decode-only steps to a bucket and replays that bucket's graph; ``capture`` first."""
+
+    def __init__(self, model: nn.Module, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
+                 max_num_seqs: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
+                 new_graph: Callable[[], DecodeGraph], padding_slot: int = NULL_BLOCK_ID) -> None:
+        super().__init__(model, backend, kv_caches, buckets=decode_buckets(max_num_seqs), block_size=block_size,
+                         new_graph=new_graph, padding_slot=padding_slot)
+        self.buffers = DecodeBuffers(self.buckets[-1], max_blocks_per_seq, device)
         self._seq_lens_cpu: list[int] = []  # host lengths of the rows now in the buffers (for eager plans)
         self.capture_seconds = 0.0
 
@@ -214,10 +234,6 @@ class DecodeGraphRunner:
         return (bool(self.graphs) and batch.max_query_len == 1 and batch.num_requests <= self.buckets[-1]
                 and not step.prompt_logprob_spans)
 
-    def bucket_for(self, num_requests: int) -> int:
-        """The smallest bucket that holds ``num_requests``."""
-        return self.buckets[bisect.bisect_left(self.buckets, num_requests)]
-
     def run(self, step: StepInputs) -> torch.Tensor:
         """Hidden states [n, hidden] of an accepted step's ``n`` tokens, through its bucket's graph."""
         n = step.attention.num_requests
@@ -229,9 +245,6 @@ class DecodeGraphRunner:
     def _plan(self, bucket: int) -> Any:
         return self.backend.plan(self.buffers.batch(bucket, self._seq_lens_cpu, self.block_size))
 
-    def _forward(self, bucket: int, metadata: Any) -> torch.Tensor:
-        ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
-        return self.model(self.buffers.input_ids[:bucket], self.buffers.positions[:bucket], ctx)
 
 
 def decode_graph_factory(platform: Any, backend: type[AttentionBackend] | AttentionBackend,

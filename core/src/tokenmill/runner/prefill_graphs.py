@@ -22,18 +22,15 @@ the largest bucket that captures.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
-from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionBatch
-from tokenmill.runner.graph_runner import NULL_BLOCK_ID, DecodeGraph, GraphCaptureDeclined
+from tokenmill.runner.graph_runner import NULL_BLOCK_ID, BucketGraphRunner, DecodeGraph, GraphCaptureDeclined
 from tokenmill.runner.step_inputs import StepInputs
 
 logger = logging.getLogger("tokenmill")
@@ -108,24 +105,16 @@ class PrefillBuffers:
         )
 
 
-class PrefillGraphRunner:
+class PrefillGraphRunner(BucketGraphRunner):
     """Pads one-request prefill chunks to a bucket and replays that bucket's graph; ``capture`` first."""
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
                  max_tokens: int, max_blocks_per_seq: int, block_size: int, device: torch.device,
                  new_graph: Callable[[], DecodeGraph], padding_slot: int = NULL_BLOCK_ID) -> None:
-        if not 0 <= padding_slot < block_size:
-            raise ValueError(f"padding_slot {padding_slot} is not a slot of the null block (block size {block_size})")
-        self.model = model
-        self.backend = backend
-        self.kv_caches = kv_caches
-        self.block_size = block_size
-        self.padding_slot = padding_slot
-        self.buckets = prefill_buckets(max_tokens)
+        super().__init__(model, backend, kv_caches, buckets=prefill_buckets(max_tokens), block_size=block_size,
+                         new_graph=new_graph, padding_slot=padding_slot)
         self.buffers = PrefillBuffers(self.buckets[-1], max_blocks_per_seq, device)
-        self.graphs: dict[int, DecodeGraph] = {}
         self.declined: dict[int, str] = {}  # bucket -> why its capture was declined (it runs eagerly)
-        self._new_graph = new_graph
 
     @torch.inference_mode()
     def capture(self) -> bool:
@@ -188,10 +177,6 @@ class PrefillGraphRunner:
         return (batch.num_requests == 1 and 1 < batch.num_tokens <= self.buckets[-1] and not step.prompt_logprob_spans
                 and self.bucket_for(batch.num_tokens) in self.graphs)
 
-    def bucket_for(self, num_tokens: int) -> int:
-        """The smallest bucket that holds ``num_tokens``."""
-        return self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
-
     @torch.inference_mode()
     def run(self, step: StepInputs) -> torch.Tensor:
         """Hidden states [T, hidden] of an accepted step's T tokens, through its bucket's graph."""
@@ -205,7 +190,3 @@ class PrefillGraphRunner:
         graph.capture(lambda: self.backend.plan(self.buffers.batch(bucket, self.block_size)),
                       lambda metadata: self._forward(bucket, metadata))
         return graph
-
-    def _forward(self, bucket: int, metadata: Any) -> torch.Tensor:
-        ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
-        return self.model(self.buffers.input_ids[:bucket], self.buffers.positions[:bucket], ctx)

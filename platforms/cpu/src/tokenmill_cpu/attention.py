@@ -25,7 +25,6 @@ import torch
 from tokenmill.layers.native_calls import native_call
 from tokenmill.plugin_api import AttentionBatch, AttentionCapabilities, AttentionSpec
 from tokenmill.reference.attention import AttentionGroup, ReferenceAttentionBackend, ReferenceAttentionMetadata
-
 from tokenmill_cpu.kernels.native import MAX_GROUP, MAX_HEAD_SIZE, load_library, unavailable_reason
 
 PREFILL_MAX_EQUAL_KEYS = 512

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from tokenmill.plugin_api import Fp8Format, PlatformCapabilities
-
 from tokenmill_cpu.isa import has_int8_dot, has_native_bf16, has_native_fp16
 
 # A CPU graph keeps every activation of its forward alive (about 1.2 MiB per row for a 135M-parameter

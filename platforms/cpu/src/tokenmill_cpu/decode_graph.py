@@ -29,7 +29,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tokenmill.layers.native_calls import NativeRecording
 from tokenmill.runner.graph_runner import GraphCaptureDeclined
-
 from tokenmill_cpu.call_list import CallList
 
 aten = torch.ops.aten

@@ -19,7 +19,6 @@ import ctypes
 import weakref
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import torch
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-
 import platform as host
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
 from tokenmill.plugin_api import DeviceInfo, LayerKernels, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
-
 from tokenmill_cpu.capabilities import cpu_capabilities
 from tokenmill_cpu.cpuinfo import read_cpuinfo
 from tokenmill_cpu.host_allocator import tune_host_allocator

@@ -9,7 +9,6 @@ from platform import mac_ver
 from typing import Any
 
 from tokenmill.plugin_api import DeviceInfo, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
-
 from tokenmill_metal.capabilities import metal_capabilities
 
 

@@ -8,7 +8,6 @@ from functools import cached_property
 from typing import Any
 
 from tokenmill.plugin_api import DeviceInfo, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
-
 from tokenmill_rocm.capabilities import rocm_capabilities
 
 GPU_MEMORY_UTILIZATION = 0.9

@@ -8,7 +8,6 @@ from types import ModuleType
 from typing import Any
 
 from tokenmill.plugin_api import DeviceInfo, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
-
 from tokenmill_xpu import ipex
 from tokenmill_xpu.capabilities import xpu_capabilities
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tokenmill_fake_device.attention import FakeDeviceAttentionBackend
 from tokenmill_fake_device.platform import ENV_VAR, FakeDevicePlatform
 from tokenmill_fake_device.quantizer import FakeInt8Quantizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tokenmill.discovery import PluginRegistry, select_attention_backend, select_platform
 from tokenmill.plugin_api import LinearSpec
 from tokenmill_fake_device.attention import FakeDeviceAttentionBackend

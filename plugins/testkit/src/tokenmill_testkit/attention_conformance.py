@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, AttentionSpec, is_compatible
 
+from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, AttentionSpec, is_compatible
 from tokenmill_testkit.attention_cases import DEFAULT_CASES, DEFAULT_MIXES, AttentionCase, BatchMix
 from tokenmill_testkit.attention_scenario import AttentionScenario, LayerRun
 from tokenmill_testkit.tolerances import assert_close, tolerance

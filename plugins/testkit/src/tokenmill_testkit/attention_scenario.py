@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tokenmill.plugin_api import AttentionBackend, AttentionSpec
 
+from tokenmill.plugin_api import AttentionBackend, AttentionSpec
 from tokenmill_testkit.attention_batch import ScheduledRequest, make_attention_batch
 from tokenmill_testkit.attention_cases import BatchMix
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+
 from tokenmill.plugin_api import (
     DeviceInfo,
     Fp8Format,
@@ -28,7 +29,6 @@ from tokenmill.plugin_api import (
     ProbeResult,
     is_compatible,
 )
-
 from tokenmill_testkit.side_effects import ProcessSnapshot
 
 SAMPLE_CONFIG: Mapping[str, Any] = types.MappingProxyType({

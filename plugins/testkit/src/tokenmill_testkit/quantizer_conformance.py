@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel, is_compatible
 
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel, is_compatible
 from tokenmill_testkit.tolerances import TOLERANCES
 
 

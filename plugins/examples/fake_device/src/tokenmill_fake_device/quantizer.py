@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
-
 from tokenmill_fake_device.kernels import FakeInt8ReferenceKernel, FakeInt8ScaledMMKernel
 
 QUANT_METHOD = "fakeint8"

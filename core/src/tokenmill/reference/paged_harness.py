@@ -1,7 +1,8 @@
-"""Test scaffolding for paged attention: a toy block allocator that turns "feed these tokens to
-these sequences" into the flat step tensors and AttentionBatch the model runner would build, and
-allocates per-layer KV caches. Tests import it by file path (they run with
---import-mode=importlib, so sibling modules are not importable by name).
+"""PagedHarness: paged attention driven without the engine, for testing attention backends and models.
+
+A toy block allocator turns "feed these tokens to these sequences" into the flat step tensors and
+AttentionBatch the model runner would build, and allocates per-layer KV caches, so a backend or a
+model can be run step by step against the reference (core's tests and the plugins' use it).
 """
 
 from __future__ import annotations
