@@ -98,9 +98,10 @@ def test_dequantized_tiles_are_the_load_time_weights_exactly(ggml_type, rng, pac
     assert torch.equal(tile, expected)
 
 
-def test_ordering_after_loading_is_in_place_and_once(rng, packed_layer):
+def test_ordering_after_loading_is_in_place_once_per_load(rng, packed_layer):
     """process_weights_after_loading orders the layer's own blocks (once); an unordered layer is
-    ordered into a copy on each call and left as it was."""
+    ordered into a copy on each call and left as it was; blocks loaded again in place are ordered
+    again."""
     layer = packed_layer([(GGMLType.Q4_1, 64), (GGMLType.Q8_0, 32)], 96, rng)
     layer.spec = LinearSpec("model.layers.0.mlp.down_proj", 96, 96, (64, 32), False, "float32")
     x = torch.randn(3, 96)
@@ -112,8 +113,13 @@ def test_ordering_after_loading_is_in_place_and_once(rng, packed_layer):
     storage = layer.qweight.data_ptr()
     kernel.process_weights_after_loading(layer)
     kernel.process_weights_after_loading(layer)
-    assert layer.gguf_cpu_order and layer.qweight.data_ptr() == storage and not torch.equal(layer.qweight, raw)
-    assert torch.equal(layer.qweight, cpu_ordered(raw.clone(), layer.gguf_segments, 96))
+    ordered = cpu_ordered(raw.clone(), layer.gguf_segments, 96)
+    assert layer.qweight.data_ptr() == storage and torch.equal(layer.qweight, ordered)
+    torch.testing.assert_close(kernel.apply(layer, x, None).double(), want, atol=1e-4, rtol=1e-5)
+    layer.qweight.copy_(raw)  # the checkpoint's blocks loaded again, in place: no longer ordered
+    torch.testing.assert_close(kernel.apply(layer, x, None).double(), want, atol=1e-4, rtol=1e-5)
+    kernel.process_weights_after_loading(layer)
+    assert torch.equal(layer.qweight, ordered)
     torch.testing.assert_close(kernel.apply(layer, x, None).double(), want, atol=1e-4, rtol=1e-5)
 
 

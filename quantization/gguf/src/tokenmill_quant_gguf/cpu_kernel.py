@@ -69,6 +69,12 @@ def cpu_ordered(qweight: torch.Tensor, segments: Any, in_features: int) -> torch
     return qweight
 
 
+def order_stamp(qweight: torch.Tensor) -> tuple[str, int | None]:
+    """What ``layer.gguf_cpu_order`` holds once ``qweight`` is ordered: its in-place version then (the C
+    kernel's writes do not count; a weight loader's ``copy_`` does), None for an inference tensor."""
+    return ("cpu order", None if qweight.is_inference() else qweight._version)
+
+
 def scratch_tile(rows: int, in_features: int) -> torch.Tensor:
     """This thread's float32 scratch tile viewed as [rows, in_features], grown when too small."""
     tile = getattr(_scratch, "tile", None)
@@ -105,15 +111,17 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
         return native_unavailable()
 
     def process_weights_after_loading(self, layer: Any) -> None:
-        """Rearrange the loaded blocks in place into the C kernel's order (same bytes per row)."""
-        if not getattr(layer, "gguf_cpu_order", False):
+        """Rearrange the loaded blocks in place into the C kernel's order (same bytes per row), unless
+        they already are: ``layer.gguf_cpu_order`` stamps the ordered bytes with ``qweight``'s
+        in-place version, so blocks loaded again afterwards are ordered again."""
+        if getattr(layer, "gguf_cpu_order", None) != order_stamp(layer.qweight):
             cpu_ordered(layer.qweight.data, layer.gguf_segments, layer.spec.in_features)
-            layer.gguf_cpu_order = True
+            layer.gguf_cpu_order = order_stamp(layer.qweight)
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` from the blocks in ``layer.qweight``: one C call per row segment, or
-        dequantized tiles and torch's GEMM for ``DEQUANTIZE_ROWS`` tokens or more. A layer that
-        missed ``process_weights_after_loading`` is ordered into a copy on every call."""
+        dequantized tiles and torch's GEMM for ``DEQUANTIZE_ROWS`` tokens or more. A layer whose blocks
+        are not (or no longer) ordered is ordered into a copy on every call."""
         if x.dtype is not torch.float32:
             wide = self.apply(layer, x.float(), bias.float() if bias is not None else None)
             return wide.to(x.dtype)
@@ -122,7 +130,7 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
         if not rows.is_contiguous():
             rows = rows.contiguous()
         qweight = layer.qweight
-        if not getattr(layer, "gguf_cpu_order", False):
+        if getattr(layer, "gguf_cpu_order", None) != order_stamp(qweight):
             qweight = cpu_ordered(qweight.detach().clone(), layer.gguf_segments, in_features)
         count, out_features = rows.shape[0], qweight.shape[0]
         out = rows.new_empty(count, out_features)
