@@ -246,7 +246,6 @@ class DecodeGraphRunner(BucketGraphRunner):
         return self.backend.plan(self.buffers.batch(bucket, self._seq_lens_cpu, self.block_size))
 
 
-
 def decode_graph_factory(platform: Any, backend: type[AttentionBackend] | AttentionBackend,
                          enforce_eager: bool) -> tuple[Callable[[], DecodeGraph] | None, str]:
     """The platform's graph constructor when decode graphs can be used, else None; with the reason."""

@@ -35,6 +35,7 @@ from tokenmill.runner.step_inputs import StepInputs
 
 logger = logging.getLogger("tokenmill")
 
+
 class _RecordingRefused(RuntimeError):
     """A capture failed for another reason than a decline: no prefill graph is kept."""
 

@@ -75,6 +75,12 @@ def order_stamp(qweight: torch.Tensor) -> tuple[str, int | None]:
     return ("cpu order", None if qweight.is_inference() else qweight._version)
 
 
+def _check_read(status: int, ggml_type: GGMLType, in_features: int) -> None:
+    """ValueError when a C call refused ``ggml_type`` rows of ``in_features`` weights (status -1)."""
+    if status != 0:
+        raise ValueError(f"the GGUF CPU kernel cannot read {ggml_type.name} rows of {in_features} weights")
+
+
 def scratch_tile(rows: int, in_features: int) -> torch.Tensor:
     """This thread's float32 scratch tile viewed as [rows, in_features], grown when too small."""
     tile = getattr(_scratch, "tile", None)
@@ -150,8 +156,7 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
         for first, end, ggml_type in segments:  # pointers to row `first` of the weights and of y
             status = native_call(matmul, x_pointer, count, in_features, w_pointer + first * row_bytes, row_bytes,
                                  end - first, int(ggml_type), y_pointer + 4 * first, out_features)
-            if status != 0:
-                raise ValueError(f"the GGUF CPU kernel cannot read {ggml_type.name} rows of {in_features} weights")
+            _check_read(status, ggml_type, in_features)
 
     @staticmethod
     def _dequantized_product(qweight: torch.Tensor, segments: Any, rows: torch.Tensor, out: torch.Tensor) -> None:
@@ -161,7 +166,6 @@ class GGUFPackedCpuKernel(GGUFPackedTorchKernel):
             for start in range(first, end, tile_rows):
                 stop = min(end, start + tile_rows)
                 tile = scratch_tile(stop - start, in_features)
-                if dequantize(qweight.data_ptr() + start * row_bytes, row_bytes, stop - start, in_features,
-                              int(ggml_type), tile.data_ptr()) != 0:
-                    raise ValueError(f"the GGUF CPU kernel cannot read {ggml_type.name} rows of {in_features} weights")
+                _check_read(dequantize(qweight.data_ptr() + start * row_bytes, row_bytes, stop - start, in_features,
+                                       int(ggml_type), tile.data_ptr()), ggml_type, in_features)
                 torch.mm(rows, tile.T, out=out[:, start:stop])
