@@ -1,6 +1,7 @@
 """CpuLayerKernels against core's PyTorch layers: RMSNorm (with and without the residual add), rotary
-(full and partial, on the strided q/k views a fused qkv projection gives), SiluAndMul and row gathers
-(embeddings, rotary angles), at decode and prefill row counts, and the small-batch matrix product;
+(full and partial, on the strided q/k views a fused qkv projection gives), SiluAndMul (float32 and
+bfloat16) and row gathers (embeddings, rotary angles), at decode and prefill row counts, and the
+small-batch matrix product;
 unsupported inputs are declined; the platform hands them to the model."""
 
 from __future__ import annotations
@@ -76,6 +77,46 @@ def test_silu_and_mul_matches_torch(kernels, count):
     torch.testing.assert_close(got, want, rtol=4e-7, atol=1e-30)
 
 
+def _within_one_bfloat16_step(got: torch.Tensor, want: torch.Tensor) -> None:
+    """got equals want but where a float32 sum or exp rounded the other way: then by one bfloat16 step."""
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    steps = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+    assert int(steps.max()) <= 1 and float((steps > 0).float().mean()) < 0.02
+
+
+@pytest.mark.parametrize("count", ROWS)
+def test_bfloat16_rms_norm_rounds_where_torch_does(kernels, count):
+    torch.manual_seed(count)
+    norm = RMSNorm(576, 1e-5, dtype=torch.bfloat16)
+    norm.weight.data.normal_()
+    x, residual = (torch.randn(count, 576) * 3).bfloat16(), torch.randn(count, 576).bfloat16()
+    _within_one_bfloat16_step(kernels.rms_norm(x, norm.weight, norm.eps), norm(x))
+    normed, total = kernels.rms_norm(x, norm.weight, norm.eps, residual)
+    want_normed, want_total = norm(x, residual)
+    assert torch.equal(total, want_total)
+    _within_one_bfloat16_step(normed, want_normed)
+
+
+@pytest.mark.parametrize("count", ROWS)
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+def test_bfloat16_rotary_is_bitwise_torch(kernels, count, rotary_dim):
+    torch.manual_seed(rotary_dim + count)
+    q, k, _ = torch.randn(count, 576 + 2 * 192).bfloat16().split((576, 192, 192), dim=-1)
+    q, k = q.view(count, 9, 64), k.view(count, 3, 64)
+    cos, sin = (torch.randn(count, 1, rotary_dim // 2).bfloat16() for _ in range(2))
+    got_q, got_k = kernels.rotary(q, k, cos, sin)
+    want_q, want_k = RotaryAngles(cos, sin, rotary_dim).apply(q, k)
+    assert got_q.dtype == torch.bfloat16 and torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
+@pytest.mark.parametrize("count", ROWS)
+def test_bfloat16_silu_and_mul_rounds_where_torch_does(kernels, count):
+    torch.manual_seed(count)
+    x = (torch.randn(count, 2 * 1536) * 6).bfloat16()
+    x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    _within_one_bfloat16_step(kernels.silu_and_mul(x), SiluAndMul()(x))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 def test_gather_rows_is_indexing(kernels, dtype):
     table = (torch.randn(50, 24) * 100).to(dtype)
@@ -147,8 +188,9 @@ def test_small_batch_linear_declines_what_onednn_does_better(kernels):
 
 
 def test_unsupported_inputs_are_declined(kernels):
-    weight = torch.ones(8, dtype=torch.bfloat16)
-    assert kernels.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), weight, 1e-5) is None
+    weight = torch.ones(8, dtype=torch.float16)
+    assert kernels.rms_norm(torch.randn(2, 8, dtype=torch.float16), weight, 1e-5) is None
+    assert kernels.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), weight.float(), 1e-5) is None  # dtypes differ
     assert kernels.silu_and_mul(torch.randn(4, 8).t()) is None  # columns are not contiguous
     assert kernels.silu_and_mul(torch.randn(2, 7)) is None  # no (gate, up) halves
     q = torch.randn(2, 4, 16).transpose(0, 1)  # heads not contiguous within a row

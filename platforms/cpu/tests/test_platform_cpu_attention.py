@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -67,6 +69,40 @@ def test_matches_reference(heads, kv_heads, head_size, window, soft_cap, query_l
     actual = native.forward(spec, q, k, v, caches[1], native.plan(batch))
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(caches[1], caches[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_size", [(9, 3, 64), (8, 1, 128), (6, 2, 80)])
+@pytest.mark.parametrize("window,soft_cap", [(None, None), (7, None), (None, 30.0)])
+@pytest.mark.parametrize(("query_lens", "context_lens"), [
+    ([1, 1, 1, 1], [0, 37, 15, 50]),
+    ([1] * 9, [0, 37, 15, 50, 3, 64, 16, 1, 29]),
+    ([1, 5, 1, 3], [0, 37, 15, 50]),  # decodes among prefills: the prefills keep the reference path
+], ids=["4-decodes", "9-decodes", "mixed"])
+def test_bfloat16_decodes_match_the_float32_reference_of_the_same_values(heads, kv_heads, head_size, window,
+                                                                         soft_cap, query_lens, context_lens):
+    """A bfloat16 cache decodes in C, in float32 arithmetic over the bfloat16 values: the result is the
+    float32 reference's on the widened inputs, rounded once to bfloat16 (and the cache holds the same keys)."""
+    generator = torch.Generator().manual_seed(heads * 10 + head_size)
+    block_size, num_blocks = 16, 64
+    spec = AttentionSpec(heads, kv_heads, head_size, head_size**-0.5, "bfloat16", block_size=block_size,
+                         sliding_window=window, logits_soft_cap=soft_cap)
+    batch = _batch(query_lens, context_lens, block_size, num_blocks, generator)
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=generator).bfloat16()
+    q, k, v = (torch.randn(batch.num_tokens, n, head_size, generator=generator).bfloat16()
+               for n in (heads, kv_heads, kv_heads))
+    reference, native, calls = ReferenceAttentionBackend(), CpuAttentionBackend(), []
+    kernel = native._kernels[torch.bfloat16]
+    native._kernels[torch.bfloat16] = lambda *args: calls.append(kernel(*args))
+    expected_cache = cache.float()
+    expected = reference.forward(replace(spec, dtype="float32"), q.float(), k.float(), v.float(), expected_cache,
+                                 reference.plan(batch))
+    actual = native.forward(spec, q, k, v, cache, native.plan(batch))
+    assert actual.dtype == torch.bfloat16 and calls
+    decodes = [i for i, n in enumerate(query_lens) if n == 1]
+    rows = batch.query_start_loc[1:][decodes] - 1
+    torch.testing.assert_close(actual[rows].float(), expected[rows].bfloat16().float(), atol=1e-2, rtol=8e-3)
+    torch.testing.assert_close(actual.float(), expected, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(cache.float(), expected_cache, atol=0, rtol=0)
 
 
 def test_a_decode_plan_reads_the_batch_tensors_in_place():

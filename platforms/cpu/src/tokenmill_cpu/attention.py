@@ -1,8 +1,8 @@
 """CpuAttentionBackend: the reference paged attention with float32 steps computed by a native kernel.
 
-Decode rows (one query per request, float32 cache) attend in place over the cache blocks through
-``kernels/paged_attention.c`` — no per-layer gather of keys and values, one call per layer for all
-requests. Prefill chunks take that file's prefill kernel once the reference path has written their
+Decode rows (one query per request, float32 or bfloat16 cache) attend in place over the cache blocks
+through ``kernels/paged_attention.c`` — no per-layer gather of keys and values, one call per layer
+for all requests. Prefill chunks take that file's prefill kernel once the reference path has written their
 keys and values: tiles of each request's own tokens against its cache blocks, where the reference
 path pads every request to the longest and masks (that padded ``scaled_dot_product_attention``
 took 13% of a W1 prefill step). Other dtypes take the plain-PyTorch reference path unchanged.
@@ -43,7 +43,8 @@ class CpuAttentionMetadata(ReferenceAttentionMetadata):
 
 
 class CpuAttentionBackend(ReferenceAttentionBackend):
-    """Native in-place kernels for float32 decodes and prefill chunks; plain PyTorch otherwise."""
+    """Native in-place kernels for float32 and bfloat16 decodes and float32 prefill chunks; plain PyTorch
+    otherwise."""
 
     name = "cpu"
     capabilities = AttentionCapabilities(
@@ -67,7 +68,8 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
 
     def __init__(self, device: Any = None) -> None:
         super().__init__(device)
-        self._kernel = load_library().paged_decode_f32
+        self._kernels = {torch.float32: load_library().paged_decode_f32,
+                         torch.bfloat16: load_library().paged_decode_bf16}
         self._prefill_kernel = load_library().paged_prefill_f32
         self._write_kernel = load_library().write_kv_f32
 
@@ -97,12 +99,12 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         whole = getattr(metadata, "prefill", None)
         if whole is not None and spec.head_size % 16 == 0 and _rows_of_heads(key) and _rows_of_heads(value):
             blocks = kv_cache.view(2, kv_cache.shape[1], -1)
-            if self._native(spec, query, blocks, groups[0]):
+            if self._native(spec, query, blocks, groups[0], prefill=True):
                 self._write_kv(spec, blocks, key, value, metadata.slot_mapping)
                 return self._prefill(spec, query, blocks, whole)
         # a prefill's rows read each other's keys, so they must all be written before any row attends
         if (len(groups) == 1 and groups[0].token_index is None and groups[0].max_query_len == 1
-                and _rows_of_heads(key) and _rows_of_heads(value)):
+                and _rows_of_heads(key) and _rows_of_heads(value) and key.dtype == value.dtype == kv_cache.dtype):
             blocks = kv_cache.view(2, kv_cache.shape[1], -1)
             if self._native(spec, query, blocks, groups[0]):
                 tables = getattr(metadata, "decode_tables", None)
@@ -113,7 +115,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
     def _attend(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 blocks: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
         prefill = group.max_query_len > 1
-        if not self._native(spec, query, blocks, group) or (prefill and not _prefill_pays(spec, group)):
+        if not self._native(spec, query, blocks, group, prefill) or (prefill and not _prefill_pays(spec, group)):
             return super()._attend(spec, query, key, value, blocks, group)
         if prefill:
             return self._prefill(spec, query, blocks, _prefill_inputs(group))
@@ -146,8 +148,12 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
             raise IndexError(f"{refused} slot(s) outside the KV cache of {blocks.shape[1] * block_size} slots")
 
     @staticmethod
-    def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup) -> bool:
-        return (query.dtype == torch.float32 and blocks.dtype == torch.float32 and spec.causal
+    def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup,
+                prefill: bool = False) -> bool:
+        """Whether a native kernel takes this group: decodes of a float32 or bfloat16 cache (query of
+        the same dtype), prefills of a float32 one."""
+        dtypes = (torch.float32,) if prefill else (torch.float32, torch.bfloat16)
+        return (query.dtype == blocks.dtype and blocks.dtype in dtypes and spec.causal
                 and spec.head_size <= MAX_HEAD_SIZE and spec.num_heads // spec.num_kv_heads <= MAX_GROUP)
 
     def _decode(self, spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup,
@@ -167,7 +173,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
             slots = slots if slots.dtype == torch.int64 else slots.to(torch.int64)
             stores = (keys.data_ptr(), keys.stride(0), values.data_ptr(), values.stride(0), slots.data_ptr())
         native_call(
-            self._kernel, query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+            self._kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
             group.num_requests, spec.num_heads, spec.num_kv_heads, spec.head_size, block_size, num_blocks,
             tables.stride(0), spec.scale, spec.sliding_window or 0, spec.logits_soft_cap or 0.0, *stores,
         )

@@ -4,8 +4,8 @@ the matrix products of decode steps as one C call each.
 A decode step of a 30-layer model otherwise runs some 60 small tensor operations per layer outside
 the matrix products; at one token each costs more in dispatch than in arithmetic. The kernels are
 ``kernels/layer_ops.c`` (built on first use by core's ``build_native_library``) and take float32
-rows whose last dimension is contiguous; anything else is declined (None) and runs core's PyTorch
-code. The small-batch matrix product (``kernels/small_batch_matmul.c``) streams a float32 weight once
+or bfloat16 rows whose last dimension is contiguous (bfloat16 rounded wherever PyTorch's bfloat16
+operations round); anything else is declined (None) and runs core's PyTorch code. The small-batch matrix product (``kernels/small_batch_matmul.c``) streams a float32 weight once
 at memory speed: at one row it beat oneDNN's reordered-weight linear by ~10% (30 cold SmolLM2 layers:
 16.8 vs 18.6 ms) and at two about even, so it takes up to ``SMALL_BATCH_ROWS`` rows; from there to
 ``PANEL_MAX_ROWS`` rows ``PanelMatmul`` multiplies against packed weight panels. Being native calls,
@@ -29,6 +29,8 @@ from tokenmill_cpu.panel_matmul import PanelMatmul, load_panel_matmul
 SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
 SMALL_BATCH_SOURCE = Path(__file__).parent / "kernels" / "small_batch_matmul.c"
 FLOAT32 = torch.float32
+DTYPES = (torch.float32, torch.bfloat16)
+SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 SMALL_BATCH_ROWS = 2
 
 
@@ -37,11 +39,14 @@ def load_layer_ops() -> ctypes.CDLL:
     """The compiled library (NativeBuildError from core when there is no C compiler)."""
     library = build_native_library(SOURCE, "CPU layer kernels")
     pointer, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    library.rms_norm_f32.argtypes = [pointer, i64, pointer, i64, pointer, f32, i64, i64, pointer, pointer]
-    library.rotary_f32.argtypes = [pointer, i64, i64, pointer, i64, i64, i64, i64, i64, pointer, pointer, pointer, pointer]
-    library.silu_and_mul_f32.argtypes = [pointer, i64, i64, i64, pointer]
-    for function in (library.rms_norm_f32, library.rotary_f32, library.silu_and_mul_f32):
-        function.restype = None
+    for suffix in SUFFIX.values():
+        rms_norm, rotary, silu_and_mul = (getattr(library, f"{name}_{suffix}")
+                                          for name in ("rms_norm", "rotary", "silu_and_mul"))
+        rms_norm.argtypes = [pointer, i64, pointer, i64, pointer, f32, i64, i64, pointer, pointer]
+        rotary.argtypes = [pointer, i64, i64, pointer, i64, i64, i64, i64, i64, pointer, pointer, pointer, pointer]
+        silu_and_mul.argtypes = [pointer, i64, i64, i64, pointer]
+        for function in (rms_norm, rotary, silu_and_mul):
+            function.restype = None
     library.gather_rows.argtypes = [pointer, i64, i64, pointer, i64, pointer]
     library.gather_rows.restype = i64
     return library
@@ -67,8 +72,9 @@ def layer_ops_unavailable() -> str | None:
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """``x`` as float32 rows [T, last] with a unit inner stride, and the row stride; None otherwise."""
-    if x.dtype is not FLOAT32:
+    """``x`` (float32 or bfloat16) as rows [T, last] with a unit inner stride, and the row stride (in
+    elements); None otherwise."""
+    if x.dtype not in DTYPES:
         return None
     if x.dim() == 2 and x.stride(1) == 1:
         return x, x.stride(0)
@@ -79,15 +85,16 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 
 
 def _heads(x: torch.Tensor) -> int | None:
-    """The row stride of ``x`` [T, heads, head_size] (float32) whose heads are contiguous within a row."""
-    if x.dtype is not FLOAT32 or x.dim() != 3:
+    """The row stride of ``x`` [T, heads, head_size] (float32 or bfloat16) whose heads are contiguous
+    within a row."""
+    if x.dtype not in DTYPES or x.dim() != 3:
         return None
     row_stride, head_stride, unit = x.stride()
     return row_stride if unit == 1 and head_stride == x.shape[2] else None
 
 
 class CpuLayerKernels(LayerKernels):
-    """Float32 layer kernels in C; other dtypes and layouts decline to core's PyTorch code."""
+    """Float32 and bfloat16 layer kernels in C; other dtypes and layouts decline to core's PyTorch code."""
 
     name = "cpu-layer-ops"
 
@@ -96,53 +103,58 @@ class CpuLayerKernels(LayerKernels):
         self._small_batch_matmul = load_small_batch_matmul()
         self._panel_matmul = PanelMatmul()
 
+    def _function(self, name: str, dtype: torch.dtype) -> Any:
+        return getattr(self._library, f"{name}_{SUFFIX[dtype]}")
+
     def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> Any | None:
-        """Residual add and RMSNorm over float32 rows in one pass."""
+        """Residual add and RMSNorm over float32 or bfloat16 rows (weight of the same dtype) in one pass."""
         rows = _rows(x)
-        if rows is None or weight.dtype is not FLOAT32 or weight.stride(0) != 1:
+        if rows is None or weight.dtype is not x.dtype or weight.stride(0) != 1:
             return None
         x2d, x_stride = rows
         count, hidden = x2d.shape
-        normed = torch.empty(x.shape, dtype=FLOAT32)
+        function = self._function("rms_norm", x.dtype)
+        normed = torch.empty(x.shape, dtype=x.dtype)
         if residual is None:
-            native_call(self._library.rms_norm_f32, x2d.data_ptr(), x_stride, None, 0, weight.data_ptr(), eps, count,
-                        hidden, normed.data_ptr(), None)
+            native_call(function, x2d.data_ptr(), x_stride, None, 0, weight.data_ptr(), eps, count, hidden,
+                        normed.data_ptr(), None)
             return normed
         residual_rows = _rows(residual)
-        if residual_rows is None or residual.shape != x.shape:
+        if residual_rows is None or residual.shape != x.shape or residual.dtype is not x.dtype:
             return None
-        total = torch.empty(x.shape, dtype=FLOAT32)
-        native_call(self._library.rms_norm_f32, x2d.data_ptr(), x_stride, residual_rows[0].data_ptr(),
-                    residual_rows[1], weight.data_ptr(), eps, count, hidden, normed.data_ptr(), total.data_ptr())
+        total = torch.empty(x.shape, dtype=x.dtype)
+        native_call(function, x2d.data_ptr(), x_stride, residual_rows[0].data_ptr(), residual_rows[1],
+                    weight.data_ptr(), eps, count, hidden, normed.data_ptr(), total.data_ptr())
         return normed, total
 
     def rotary(self, query: Any, key: Any, cos: Any, sin: Any) -> tuple[Any, Any] | None:
-        """NeoX rotation of float32 queries and keys, written to new contiguous tensors."""
+        """NeoX rotation of float32 or bfloat16 queries and keys (cos and sin of the same dtype), written
+        to new contiguous tensors."""
         q_stride, k_stride = _heads(query), _heads(key)
         if q_stride is None or k_stride is None or query.shape[2] != key.shape[2] or query.shape[0] != key.shape[0]:
             return None
-        if cos.dtype is not FLOAT32 or not cos.is_contiguous() or not sin.is_contiguous():
+        if len({query.dtype, key.dtype, cos.dtype, sin.dtype}) != 1 or not cos.is_contiguous() or not sin.is_contiguous():
             return None
         count, _, head_size = query.shape
         rotary_dim = 2 * cos.shape[-1]
         if cos.numel() != count * cos.shape[-1] or rotary_dim > head_size:
             return None
-        q_out = torch.empty(query.shape, dtype=FLOAT32)
-        k_out = torch.empty(key.shape, dtype=FLOAT32)
-        native_call(self._library.rotary_f32, query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride,
+        q_out = torch.empty(query.shape, dtype=query.dtype)
+        k_out = torch.empty(key.shape, dtype=key.dtype)
+        native_call(self._function("rotary", query.dtype), query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride,
                     key.shape[1], count, head_size, rotary_dim, cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(),
                     k_out.data_ptr())
         return q_out, k_out
 
     def silu_and_mul(self, x: Any) -> Any | None:
-        """``silu(gate) * up`` over float32 rows ``(gate, up)``."""
+        """``silu(gate) * up`` over float32 or bfloat16 rows ``(gate, up)``."""
         rows = _rows(x)
         if rows is None or x.shape[-1] % 2:
             return None
         x2d, x_stride = rows
         count, width = x2d.shape
-        out = torch.empty(*x.shape[:-1], width // 2, dtype=FLOAT32)
-        native_call(self._library.silu_and_mul_f32, x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
+        out = torch.empty(*x.shape[:-1], width // 2, dtype=x.dtype)
+        native_call(self._function("silu_and_mul", x.dtype), x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
         return out
 
     def gather_rows(self, table: Any, indices: Any) -> Any | None:

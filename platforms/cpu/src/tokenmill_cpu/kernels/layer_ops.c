@@ -1,12 +1,14 @@
-/* Fused per-token layers for float32 activations: residual add + RMSNorm, NeoX rotary embedding of
- * queries and keys, SiLU-gated multiply, and a row gather (token embeddings, rotary angles). Each
- * replaces a chain of small tensor operations whose dispatch costs more than their arithmetic at
- * decode batch sizes.
+/* Fused per-token layers for float32 and bfloat16 activations: residual add + RMSNorm, NeoX rotary
+ * embedding of queries and keys, SiLU-gated multiply, and a row gather (token embeddings, rotary
+ * angles). Each replaces a chain of small tensor operations whose dispatch costs more than their
+ * arithmetic at decode batch sizes.
  *
  * Elementwise arithmetic follows core's PyTorch code operation by operation (no contraction into
  * FMAs, no reassociation: the pragma below overrides the build's -fassociative-math), so rotary
  * and the residual add give the same bits; only the RMSNorm sum of squares (16 partial sums) and
- * exp inside SiLU (a polynomial) round differently.
+ * exp inside SiLU (a polynomial) round differently. The bfloat16 variants (values as uint16 bits)
+ * round to bfloat16 wherever PyTorch's bfloat16 operations do: after every operation, each one
+ * computed in float32.
  * Rows are independent; OpenMP splits them across threads when there are many.
  */
 #pragma GCC optimize("fp-contract=off", "no-associative-math")
@@ -14,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "exp_approx.h"
 
 #define LANES 16
@@ -84,6 +87,80 @@ void silu_and_mul_f32(const float *x, int64_t x_stride, int64_t T, int64_t d, fl
         const float *gate = x + t * x_stride, *up = gate + d;
         float *o = out + t * d;
         for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+    }
+}
+
+/* rms_norm_f32 for bfloat16 rows and weight: the residual add rounded to bfloat16, the norm in
+ * float32 rounded to bfloat16, then times the weight (rounded again), as core's RMSNorm does. */
+void rms_norm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *residual, int64_t residual_stride,
+                   const uint16_t *weight, float eps, int64_t T, int64_t H, uint16_t *normed, uint16_t *sum) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        const uint16_t *row = x + t * x_stride;
+        uint16_t *out = normed + t * H;
+        if (residual != NULL) {
+            const uint16_t *r = residual + t * residual_stride;
+            uint16_t *s = sum + t * H;
+            for (int64_t i = 0; i < H; ++i) s[i] = f32_to_bf16(bf16_to_f32(row[i]) + bf16_to_f32(r[i]));
+            row = s;
+        }
+        float partial[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= H; i += LANES)
+            for (int j = 0; j < LANES; ++j) partial[j] += bf16_to_f32(row[i + j]) * bf16_to_f32(row[i + j]);
+        for (; i < H; ++i) partial[0] += bf16_to_f32(row[i]) * bf16_to_f32(row[i]);
+        float squares = 0.0f;
+        for (int j = 0; j < LANES; ++j) squares += partial[j];
+        const float scale = 1.0f / sqrtf(squares / (float)H + eps);
+        for (int64_t k = 0; k < H; ++k)
+            out[k] = f32_to_bf16(bf16_to_f32(weight[k]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(row[k]) * scale)));
+    }
+}
+
+/* a * b rounded to bfloat16, back as a float: one PyTorch bfloat16 multiply. */
+static inline float mul_bf16(float a, float b) { return bf16_to_f32(f32_to_bf16(a * b)); }
+
+static void rotate_heads_bf16(const uint16_t *x, int64_t heads, int64_t head_size, int64_t rotary_dim,
+                              const uint16_t *cos_t, const uint16_t *sin_t, uint16_t *out) {
+    const int64_t half = rotary_dim / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        const uint16_t *in = x + h * head_size;
+        uint16_t *o = out + h * head_size;
+        for (int64_t i = 0; i < half; ++i) {
+            const float x1 = bf16_to_f32(in[i]), x2 = bf16_to_f32(in[half + i]);
+            const float c = bf16_to_f32(cos_t[i]), s = bf16_to_f32(sin_t[i]);
+            o[i] = f32_to_bf16(mul_bf16(x1, c) - mul_bf16(x2, s));
+            o[half + i] = f32_to_bf16(mul_bf16(x2, c) + mul_bf16(x1, s));
+        }
+        if (rotary_dim < head_size)
+            memcpy(o + rotary_dim, in + rotary_dim, sizeof(uint16_t) * (head_size - rotary_dim));
+    }
+}
+
+/* rotary_f32 for bfloat16 queries, keys and cos / sin (strides in elements). */
+void rotary_bf16(const uint16_t *q, int64_t q_stride, int64_t q_heads, const uint16_t *k, int64_t k_stride,
+                 int64_t k_heads, int64_t T, int64_t head_size, int64_t rotary_dim, const uint16_t *cos,
+                 const uint16_t *sin, uint16_t *q_out, uint16_t *k_out) {
+    const int64_t half = rotary_dim / 2;
+#pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        rotate_heads_bf16(q + t * q_stride, q_heads, head_size, rotary_dim, cos + t * half, sin + t * half,
+                          q_out + t * q_heads * head_size);
+        rotate_heads_bf16(k + t * k_stride, k_heads, head_size, rotary_dim, cos + t * half, sin + t * half,
+                          k_out + t * k_heads * head_size);
+    }
+}
+
+/* silu_and_mul_f32 for bfloat16 rows: silu(gate) rounded to bfloat16, then times up (rounded). */
+void silu_and_mul_bf16(const uint16_t *x, int64_t x_stride, int64_t T, int64_t d, uint16_t *out) {
+#pragma omp parallel for if (T >= PARALLEL_ROWS) schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        const uint16_t *gate = x + t * x_stride, *up = gate + d;
+        uint16_t *o = out + t * d;
+        for (int64_t i = 0; i < d; ++i) {
+            const float g = bf16_to_f32(gate[i]);
+            o[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(g / (1.0f + exp_approx(-g)))) * bf16_to_f32(up[i]));
+        }
     }
 }
 

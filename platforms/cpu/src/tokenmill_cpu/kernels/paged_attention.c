@@ -1,7 +1,9 @@
-/* Paged attention for float32 on the CPU: decode (paged_decode_f32, below) and prefill chunks
- * (paged_prefill_f32, after it, and write_kv_f32, which stores a prefill's new keys and values
- * first). Decode: one query token per request, keys and values read in
- * place from the block-structured cache (no gather), GQA, sliding window, soft-cap.
+/* Paged attention on the CPU: decode (paged_decode_f32 and paged_decode_bf16, below) and float32
+ * prefill chunks (paged_prefill_f32, after it, and write_kv_f32, which stores a prefill's new keys
+ * and values first). Decode: one query token per request, keys and values read in place from the
+ * block-structured cache (no gather), GQA, sliding window, soft-cap. The bf16 decode takes query,
+ * cache, new keys and values and output in bfloat16 and computes in float32 (as PyTorch's CPU
+ * attention does), rounding the output to nearest even.
  *
  * cache layout: [2][num_blocks][block_size][num_kv_heads][head_size] (keys, then values), contiguous.
  * query/out:    [num_requests][num_heads][head_size], contiguous.
@@ -21,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "exp_approx.h"
 
 #define MAX_TILE 64
@@ -43,47 +46,62 @@ static inline void tile_at(const int32_t *table, int64_t pos, int64_t len, int64
     *base = (int64_t)table[pos / block_size] * block_stride + in_block * token_stride;
 }
 
-/* Asks for the cache lines of `count` floats ahead of use: blocks sit anywhere in the cache, so the
- * hardware prefetcher loses the stream at every block (and 4 KiB page) boundary. */
-static inline void prefetch_row(const float *row, int64_t count) {
-    for (int64_t i = 0; i < count; i += 16) __builtin_prefetch(row + i, 0, 3);
+/* Element i of a float32 (bf16 = 0) or bfloat16 (bf16 = 1) array, as a float. */
+static inline __attribute__((always_inline)) float element(const void *base, int64_t i, const int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-static inline __attribute__((always_inline)) float dot(const float *a, const float *b, int64_t n) {
+/* Stores x at element i of a float32 or bfloat16 array (rounded to nearest even). */
+static inline __attribute__((always_inline)) void store(void *base, int64_t i, float x, const int bf16) {
+    if (bf16)
+        ((uint16_t *)base)[i] = f32_to_bf16(x);
+    else
+        ((float *)base)[i] = x;
+}
+
+/* Asks for the cache lines of `bytes` bytes ahead of use: blocks sit anywhere in the cache, so the
+ * hardware prefetcher loses the stream at every block (and 4 KiB page) boundary. */
+static inline void prefetch_row(const void *row, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)row + i, 0, 3);
+}
+
+static inline __attribute__((always_inline)) float dot(const float *a, const void *b, int64_t n, const int bf16) {
     float s = 0.0f;
-    for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+    for (int64_t d = 0; d < n; ++d) s += a[d] * element(b, d, bf16);
     return s;
 }
 
 /* One kv head of one request: `group` query heads attend to positions [first, len). Inlined with a
- * constant head_size for the common sizes, so the inner loops vectorise with known trip counts. */
+ * constant head_size for the common sizes and a constant element type (bf16), so the inner loops
+ * vectorise with known trip counts. Offsets into query, keys, values and out count elements. */
 static inline __attribute__((always_inline)) void attend_kv_head(
-        const float *query, const float *keys, const float *values, const int32_t *table, int64_t first,
-        int64_t len, float *out, int64_t group, int64_t heads_per_kv, int64_t head_size, int64_t block_size,
-        int64_t block_stride, int64_t token_stride, float scale, float soft_cap) {
+        const void *query, const void *keys, const void *values, const int32_t *table, int64_t first,
+        int64_t len, void *out, int64_t group, int64_t heads_per_kv, int64_t head_size, int64_t block_size,
+        int64_t block_stride, int64_t token_stride, float scale, float soft_cap, const int bf16) {
     float q[MAX_GROUP * MAX_HEAD] __attribute__((aligned(64)));
     float acc[MAX_GROUP * MAX_HEAD] __attribute__((aligned(64)));
     float scores[MAX_GROUP * MAX_TILE] __attribute__((aligned(64)));
     float running_max[MAX_GROUP], total[MAX_GROUP];
     int64_t kv_offset[MAX_GROUP];
+    const int64_t width = bf16 ? 2 : 4;
     for (int64_t g = 0; g < group; ++g) {
         kv_offset[g] = (g / heads_per_kv) * head_size;
-        for (int64_t d = 0; d < head_size; ++d) q[g * head_size + d] = query[g * head_size + d] * scale;
+        for (int64_t d = 0; d < head_size; ++d) q[g * head_size + d] = element(query, g * head_size + d, bf16) * scale;
         running_max[g] = -INFINITY;
         total[g] = 0.0f;
         memset(acc + g * head_size, 0, sizeof(float) * head_size);
     }
-    const int64_t span = (group / heads_per_kv) * head_size;
+    const int64_t span = (group / heads_per_kv) * head_size * width;
     int64_t n = 0, base = 0;
     tile_at(table, first, len, block_size, block_stride, token_stride, &n, &base);
     for (int64_t pos = first; pos < len;) {
         int64_t next_n = 0, next_base = 0;
         tile_at(table, pos + n, len, block_size, block_stride, token_stride, &next_n, &next_base);
         for (int64_t t = 0; t < n; ++t) {
-            prefetch_row(values + base + t * token_stride, span);
-            const float *k = keys + base + t * token_stride;
+            prefetch_row((const char *)values + (base + t * token_stride) * width, span);
+            const char *k = (const char *)keys + (base + t * token_stride) * width;
             for (int64_t g = 0; g < group; ++g)
-                scores[g * MAX_TILE + t] = dot(q + g * head_size, k + kv_offset[g], head_size);
+                scores[g * MAX_TILE + t] = dot(q + g * head_size, k + kv_offset[g] * width, head_size, bf16);
         }
         for (int64_t g = 0; g < group; ++g) {
             float *s = scores + g * MAX_TILE;
@@ -106,13 +124,13 @@ static inline __attribute__((always_inline)) void attend_kv_head(
             total[g] += sum;
         }
         for (int64_t t = 0; t < n; ++t) {
-            if (t < next_n) prefetch_row(keys + next_base + t * token_stride, span);
-            const float *v = values + base + t * token_stride;
+            if (t < next_n) prefetch_row((const char *)keys + (next_base + t * token_stride) * width, span);
+            const char *v = (const char *)values + (base + t * token_stride) * width;
             for (int64_t g = 0; g < group; ++g) {
                 const float p = scores[g * MAX_TILE + t];
-                const float *vg = v + kv_offset[g];
+                const char *vg = v + kv_offset[g] * width;
                 float *a = acc + g * head_size;
-                for (int64_t d = 0; d < head_size; ++d) a[d] += p * vg[d];
+                for (int64_t d = 0; d < head_size; ++d) a[d] += p * element(vg, d, bf16);
             }
         }
         pos += n;
@@ -121,19 +139,21 @@ static inline __attribute__((always_inline)) void attend_kv_head(
     }
     for (int64_t g = 0; g < group; ++g) {
         const float inv = total[g] > 0.0f ? 1.0f / total[g] : 0.0f;
-        for (int64_t d = 0; d < head_size; ++d) out[g * head_size + d] = acc[g * head_size + d] * inv;
+        for (int64_t d = 0; d < head_size; ++d) store(out, g * head_size + d, acc[g * head_size + d] * inv, bf16);
     }
 }
 
-void paged_decode_f32(const float *query, float *cache, const int32_t *block_tables, const int32_t *seq_lens,
-                      float *out, int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
-                      int64_t block_size, int64_t num_blocks, int64_t max_blocks, float scale, int64_t window,
-                      float soft_cap, const float *keys, int64_t key_stride, const float *values_in,
-                      int64_t value_stride, const int64_t *slots) {
+/* The decode of every request, for one element type (sizes in elements; see the file comment). */
+static inline __attribute__((always_inline)) void paged_decode(
+        const void *query, void *cache, const int32_t *block_tables, const int32_t *seq_lens, void *out,
+        int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
+        int64_t num_blocks, int64_t max_blocks, float scale, int64_t window, float soft_cap, const void *keys,
+        int64_t key_stride, const void *values_in, int64_t value_stride, const int64_t *slots, const int bf16) {
+    const int64_t width = bf16 ? 2 : 4;
     const int64_t group = num_heads / num_kv_heads;
     const int64_t token_stride = num_kv_heads * head_size;
     const int64_t block_stride = block_size * token_stride;
-    float *values = cache + num_blocks * block_stride;
+    char *values = (char *)cache + num_blocks * block_stride * width;
     /* With many requests each takes all its kv heads at once (a token's heads are adjacent in the cache:
      * one contiguous read per token); with few, each (request, kv head) pair is its own task. */
     const int64_t split = (num_requests >= 8 && num_heads <= MAX_GROUP) ? 1 : num_kv_heads;
@@ -143,26 +163,51 @@ void paged_decode_f32(const float *query, float *cache, const int32_t *block_tab
         const int64_t r = task / split, kv0 = task % split;
         const int64_t len = seq_lens[r];
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        const int64_t head0 = (r * num_heads + kv0 * group) * head_size;
+        const int64_t head0 = ((r * num_heads + kv0 * group) * head_size) * width;
         const int32_t *table = block_tables + r * max_blocks;
-        const float *k = cache + kv0 * head_size, *v = values + kv0 * head_size;
+        const char *k = (const char *)cache + kv0 * head_size * width, *v = values + kv0 * head_size * width;
         if (keys != NULL) {
             for (int64_t kvh = kv0; kvh < kv0 + num_kv_heads / split; ++kvh) {
-                const int64_t at = slots[r] * token_stride + kvh * head_size;
-                memcpy(cache + at, keys + r * key_stride + kvh * head_size, sizeof(float) * head_size);
-                memcpy(values + at, values_in + r * value_stride + kvh * head_size, sizeof(float) * head_size);
+                const int64_t at = (slots[r] * token_stride + kvh * head_size) * width;
+                memcpy((char *)cache + at, (const char *)keys + (r * key_stride + kvh * head_size) * width,
+                       width * head_size);
+                memcpy(values + at, (const char *)values_in + (r * value_stride + kvh * head_size) * width,
+                       width * head_size);
             }
         }
+        const char *q = (const char *)query + head0;
+        char *o = (char *)out + head0;
         if (head_size == 64)
-            attend_kv_head(query + head0, k, v, table, first, len, out + head0, heads_per_task, group, 64,
-                           block_size, block_stride, token_stride, scale, soft_cap);
+            attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, 64, block_size, block_stride,
+                           token_stride, scale, soft_cap, bf16);
         else if (head_size == 128)
-            attend_kv_head(query + head0, k, v, table, first, len, out + head0, heads_per_task, group, 128,
-                           block_size, block_stride, token_stride, scale, soft_cap);
+            attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, 128, block_size, block_stride,
+                           token_stride, scale, soft_cap, bf16);
         else
-            attend_kv_head(query + head0, k, v, table, first, len, out + head0, heads_per_task, group, head_size,
-                           block_size, block_stride, token_stride, scale, soft_cap);
+            attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, head_size, block_size,
+                           block_stride, token_stride, scale, soft_cap, bf16);
     }
+}
+
+void paged_decode_f32(const float *query, float *cache, const int32_t *block_tables, const int32_t *seq_lens,
+                      float *out, int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                      int64_t block_size, int64_t num_blocks, int64_t max_blocks, float scale, int64_t window,
+                      float soft_cap, const float *keys, int64_t key_stride, const float *values_in,
+                      int64_t value_stride, const int64_t *slots) {
+    paged_decode(query, cache, block_tables, seq_lens, out, num_requests, num_heads, num_kv_heads, head_size,
+                 block_size, num_blocks, max_blocks, scale, window, soft_cap, keys, key_stride, values_in,
+                 value_stride, slots, 0);
+}
+
+/* paged_decode_f32 over bfloat16 query, cache, new keys and values, and output (uint16 bits). */
+void paged_decode_bf16(const uint16_t *query, uint16_t *cache, const int32_t *block_tables,
+                       const int32_t *seq_lens, uint16_t *out, int64_t num_requests, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_size, int64_t block_size, int64_t num_blocks,
+                       int64_t max_blocks, float scale, int64_t window, float soft_cap, const uint16_t *keys,
+                       int64_t key_stride, const uint16_t *values_in, int64_t value_stride, const int64_t *slots) {
+    paged_decode(query, cache, block_tables, seq_lens, out, num_requests, num_heads, num_kv_heads, head_size,
+                 block_size, num_blocks, max_blocks, scale, window, soft_cap, keys, key_stride, values_in,
+                 value_stride, slots, 1);
 }
 
 /* Paged prefill attention for float32: the query tokens of each request (a chunk that starts at
