@@ -295,3 +295,25 @@ def test_contention_notes_flag_runs_slowed_by_other_work():
                "vllm": {"error": "x"}}
     assert contention_notes(results, cpus=2) == [
         "tokenmill run 2: other processes used 16.0 CPU-s in its 20.0 s (40% of 2 CPUs), so its figures are slowed by them"]
+
+
+def test_the_load_client_s_prompts_share_no_prefix_and_have_the_asked_length():
+    """The client's random prompts: exact token counts, reproducible per seed, and no two alike in
+    their first 16-token block (a repeated prompt would measure the prefix cache, not the engine)."""
+    import asyncio
+
+    import httpx
+
+    from tokenmill_server.bench.serve_load import LoadConfig, _prompts
+
+    def tokenize(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"tokens": list(range(100, 125)), "count": 25})
+
+    async def prompts(seed: int) -> list[list[int]]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(tokenize), base_url="http://load") as client:
+            return await _prompts(client, LoadConfig(base_url="http://load", num_prompts=64, input_len=128,
+                                                     seed=seed), "m")
+
+    first, again, other = (asyncio.run(prompts(seed)) for seed in (0, 0, 1))
+    assert len(first) == 64 and {len(p) for p in first} == {128} and first == again and first != other
+    assert len({tuple(p[:16]) for p in first + other}) == 128
