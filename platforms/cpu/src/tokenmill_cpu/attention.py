@@ -1,11 +1,12 @@
-"""CpuAttentionBackend: the reference paged attention with float32 steps computed by a native kernel.
+"""CpuAttentionBackend: the reference paged attention with float32 and bfloat16 steps computed by native kernels.
 
-Decode rows (one query per request, float32 or bfloat16 cache) attend in place over the cache blocks
-through ``kernels/paged_attention.c`` — no per-layer gather of keys and values, one call per layer
-for all requests. Prefill chunks take that file's prefill kernel once the reference path has written their
-keys and values: tiles of each request's own tokens against its cache blocks, where the reference
-path pads every request to the longest and masks (that padded ``scaled_dot_product_attention``
-took 13% of a W1 prefill step). Other dtypes take the plain-PyTorch reference path unchanged.
+Decode rows (one query per request) attend in place over the cache blocks through
+``kernels/paged_decode.c`` — no per-layer gather of keys and values, one call per layer for all
+requests. Prefill chunks take ``kernels/paged_prefill.c`` once their keys and values are written:
+tiles of each request's own tokens against its cache blocks, where the reference path pads every
+request to the longest and masks (that padded ``scaled_dot_product_attention`` took 13% of a W1
+prefill step). Both take float32 and bfloat16 caches (the query of the same dtype) and compute in
+float32; other dtypes take the plain-PyTorch reference path unchanged.
 
 A decode-only step's plan also carries the batch's own block tables, sequence lengths and slots
 (views, not copies), and the kernel reads those: planned once for a decode graph's static buffers,
@@ -43,8 +44,7 @@ class CpuAttentionMetadata(ReferenceAttentionMetadata):
 
 
 class CpuAttentionBackend(ReferenceAttentionBackend):
-    """Native in-place kernels for float32 and bfloat16 decodes and float32 prefill chunks; plain PyTorch
-    otherwise."""
+    """Native in-place kernels for float32 and bfloat16 decodes and prefill chunks; plain PyTorch otherwise."""
 
     name = "cpu"
     capabilities = AttentionCapabilities(
@@ -68,10 +68,10 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
 
     def __init__(self, device: Any = None) -> None:
         super().__init__(device)
-        self._kernels = {torch.float32: load_library().paged_decode_f32,
-                         torch.bfloat16: load_library().paged_decode_bf16}
-        self._prefill_kernel = load_library().paged_prefill_f32
-        self._write_kernel = load_library().write_kv_f32
+        kernels = load_library()
+        self._kernels = {torch.float32: kernels.paged_decode_f32, torch.bfloat16: kernels.paged_decode_bf16}
+        self._prefill_kernels = {torch.float32: kernels.paged_prefill_f32, torch.bfloat16: kernels.paged_prefill_bf16}
+        self._write_kernels = {torch.float32: kernels.write_kv_f32, torch.bfloat16: kernels.write_kv_bf16}
 
     def plan(self, batch: AttentionBatch) -> CpuAttentionMetadata:
         """The reference plan; a decode-only step also keeps views of its tables and lengths, and a
@@ -99,7 +99,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         whole = getattr(metadata, "prefill", None)
         if whole is not None and spec.head_size % 16 == 0 and _rows_of_heads(key) and _rows_of_heads(value):
             blocks = kv_cache.view(2, kv_cache.shape[1], -1)
-            if self._native(spec, query, blocks, groups[0], prefill=True):
+            if self._native(spec, query, blocks, groups[0]) and key.dtype == value.dtype == blocks.dtype:
                 self._write_kv(spec, blocks, key, value, metadata.slot_mapping)
                 return self._prefill(spec, query, blocks, whole)
         # a prefill's rows read each other's keys, so they must all be written before any row attends
@@ -115,7 +115,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
     def _attend(self, spec: AttentionSpec, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 blocks: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
         prefill = group.max_query_len > 1
-        if not self._native(spec, query, blocks, group, prefill) or (prefill and not _prefill_pays(spec, group)):
+        if not self._native(spec, query, blocks, group) or (prefill and not _prefill_pays(spec, group)):
             return super()._attend(spec, query, key, value, blocks, group)
         if prefill:
             return self._prefill(spec, query, blocks, _prefill_inputs(group))
@@ -130,7 +130,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         out = torch.empty_like(query)
         block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
         native_call(
-            self._prefill_kernel, query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), starts.data_ptr(),
+            self._prefill_kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), starts.data_ptr(),
             contexts.data_ptr(), out.data_ptr(), contexts.shape[0], spec.num_heads, spec.num_kv_heads,
             spec.head_size, block_size, blocks.shape[1], tables.stride(0), spec.scale, spec.sliding_window or 0,
             spec.logits_soft_cap or 0.0,
@@ -141,19 +141,16 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
                   slots: torch.Tensor) -> None:
         """Store the step's keys and values at their int64 slots (as the reference's write does)."""
         block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
-        refused = native_call(self._write_kernel, blocks.data_ptr(), blocks.shape[1], block_size,
+        refused = native_call(self._write_kernels[blocks.dtype], blocks.data_ptr(), blocks.shape[1], block_size,
                               spec.num_kv_heads * spec.head_size, key.data_ptr(), key.stride(0), value.data_ptr(),
                               value.stride(0), slots.data_ptr(), slots.shape[0])
         if refused:
             raise IndexError(f"{refused} slot(s) outside the KV cache of {blocks.shape[1] * block_size} slots")
 
     @staticmethod
-    def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup,
-                prefill: bool = False) -> bool:
-        """Whether a native kernel takes this group: decodes of a float32 or bfloat16 cache (query of
-        the same dtype), prefills of a float32 one."""
-        dtypes = (torch.float32,) if prefill else (torch.float32, torch.bfloat16)
-        return (query.dtype == blocks.dtype and blocks.dtype in dtypes and spec.causal
+    def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup) -> bool:
+        """Whether a native kernel takes this group: a float32 or bfloat16 cache, the query of its dtype."""
+        return (query.dtype == blocks.dtype and blocks.dtype in (torch.float32, torch.bfloat16) and spec.causal
                 and spec.head_size <= MAX_HEAD_SIZE and spec.num_heads // spec.num_kv_heads <= MAX_GROUP)
 
     def _decode(self, spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup,
