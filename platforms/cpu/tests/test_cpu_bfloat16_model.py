@@ -48,8 +48,8 @@ def test_a_bfloat16_model_is_as_accurate_as_the_pytorch_layers(tmp_path):
                                                   attention_backend=CpuAttentionBackend)
     assert native_build.layer_kernels is not None
     reference, backend, calls = ReferenceAttentionBackend, CpuAttentionBackend(), []
-    kernel = backend._kernels[torch.bfloat16]
-    backend._kernels[torch.bfloat16] = lambda *args: calls.append(kernel(*args))
+    kernel = backend._decode_kernels[torch.bfloat16]
+    backend._decode_kernels[torch.bfloat16] = lambda *args: calls.append(kernel(*args))
     native = _logits_per_step(tmp_path, native_build, backend, prompts, decodes=6)
     assert len(calls) == 6 * CONFIG["num_hidden_layers"]  # every decode step, every layer, in C
     plain = _logits_per_step(tmp_path, ModelBuildContext(dtype=torch.bfloat16, attention_backend=reference),

@@ -93,7 +93,7 @@ def test_bfloat16_matches_the_float32_reference_of_the_same_values(heads, kv_hea
     q, k, v = (torch.randn(batch.num_tokens, n, head_size, generator=generator).bfloat16()
                for n in (heads, kv_heads, kv_heads))
     reference, native, calls = ReferenceAttentionBackend(), CpuAttentionBackend(), []
-    for kernels in (native._kernels, native._prefill_kernels):
+    for kernels in (native._decode_kernels, native._prefill_kernels):
         kernel = kernels[torch.bfloat16]
         kernels[torch.bfloat16] = lambda *args, kernel=kernel: calls.append(kernel(*args))
     expected_cache = cache.float()

@@ -69,7 +69,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
     def __init__(self, device: Any = None) -> None:
         super().__init__(device)
         kernels = load_library()
-        self._kernels = {torch.float32: kernels.paged_decode_f32, torch.bfloat16: kernels.paged_decode_bf16}
+        self._decode_kernels = {torch.float32: kernels.paged_decode_f32, torch.bfloat16: kernels.paged_decode_bf16}
         self._prefill_kernels = {torch.float32: kernels.paged_prefill_f32, torch.bfloat16: kernels.paged_prefill_bf16}
         self._write_kernels = {torch.float32: kernels.write_kv_f32, torch.bfloat16: kernels.write_kv_bf16}
 
@@ -170,7 +170,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
             slots = slots if slots.dtype == torch.int64 else slots.to(torch.int64)
             stores = (keys.data_ptr(), keys.stride(0), values.data_ptr(), values.stride(0), slots.data_ptr())
         native_call(
-            self._kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+            self._decode_kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
             group.num_requests, spec.num_heads, spec.num_kv_heads, spec.head_size, block_size, num_blocks,
             tables.stride(0), spec.scale, spec.sliding_window or 0, spec.logits_soft_cap or 0.0, *stores,
         )
