@@ -128,49 +128,67 @@ static inline __attribute__((always_inline)) void attend_kv_head(
     }
 }
 
-/* The decode of every request, for one element type (sizes in elements; see the file comment). */
-static inline __attribute__((always_inline)) void paged_decode(
+/* One task of the decode: request r's kv heads kv0 .. kv0 + heads_per_task / group - 1 (sizes in
+ * elements; see the file comment). */
+static inline __attribute__((always_inline)) void decode_task(
         const void *query, void *cache, const int32_t *block_tables, const int32_t *seq_lens, void *out,
-        int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
-        int64_t num_blocks, int64_t max_blocks, float scale, int64_t window, float soft_cap, const void *keys,
-        int64_t key_stride, const void *values_in, int64_t value_stride, const int64_t *slots, const int bf16) {
+        int64_t r, int64_t kv0, int64_t split, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+        int64_t block_size, int64_t num_blocks, int64_t max_blocks, float scale, int64_t window, float soft_cap,
+        const void *keys, int64_t key_stride, const void *values_in, int64_t value_stride, const int64_t *slots,
+        const int bf16) {
     const int64_t width = bf16 ? 2 : 4;
-    const int64_t group = num_heads / num_kv_heads;
+    const int64_t group = num_heads / num_kv_heads, heads_per_task = num_heads / split;
     const int64_t token_stride = num_kv_heads * head_size;
     const int64_t block_stride = block_size * token_stride;
     char *values = (char *)cache + num_blocks * block_stride * width;
+    const int64_t len = seq_lens[r];
+    const int64_t first = (window > 0 && len > window) ? len - window : 0;
+    const int64_t head0 = ((r * num_heads + kv0 * group) * head_size) * width;
+    const int32_t *table = block_tables + r * max_blocks;
+    const char *k = (const char *)cache + kv0 * head_size * width, *v = values + kv0 * head_size * width;
+    if (keys != NULL) {
+        for (int64_t kvh = kv0; kvh < kv0 + num_kv_heads / split; ++kvh) {
+            const int64_t at = (slots[r] * token_stride + kvh * head_size) * width;
+            memcpy((char *)cache + at, (const char *)keys + (r * key_stride + kvh * head_size) * width,
+                   width * head_size);
+            memcpy(values + at, (const char *)values_in + (r * value_stride + kvh * head_size) * width,
+                   width * head_size);
+        }
+    }
+    const char *q = (const char *)query + head0;
+    char *o = (char *)out + head0;
+    if (head_size == 64)
+        attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, 64, block_size, block_stride,
+                       token_stride, scale, soft_cap, bf16);
+    else if (head_size == 128)
+        attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, 128, block_size, block_stride,
+                       token_stride, scale, soft_cap, bf16);
+    else
+        attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, head_size, block_size, block_stride,
+                       token_stride, scale, soft_cap, bf16);
+}
+
+/* The decode of every request. OpenMP outlines the loop before inlining, so the element type is
+ * branched on inside it: each branch inlines decode_task with a literal bf16, one body per type. */
+static void paged_decode(const void *query, void *cache, const int32_t *block_tables, const int32_t *seq_lens,
+                         void *out, int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                         int64_t block_size, int64_t num_blocks, int64_t max_blocks, float scale, int64_t window,
+                         float soft_cap, const void *keys, int64_t key_stride, const void *values_in,
+                         int64_t value_stride, const int64_t *slots, const int bf16) {
     /* With many requests each takes all its kv heads at once (a token's heads are adjacent in the cache:
      * one contiguous read per token); with few, each (request, kv head) pair is its own task. */
     const int64_t split = (num_requests >= 8 && num_heads <= MAX_GROUP) ? 1 : num_kv_heads;
-    const int64_t heads_per_task = num_heads / split;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < num_requests * split; ++task) {
         const int64_t r = task / split, kv0 = task % split;
-        const int64_t len = seq_lens[r];
-        const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        const int64_t head0 = ((r * num_heads + kv0 * group) * head_size) * width;
-        const int32_t *table = block_tables + r * max_blocks;
-        const char *k = (const char *)cache + kv0 * head_size * width, *v = values + kv0 * head_size * width;
-        if (keys != NULL) {
-            for (int64_t kvh = kv0; kvh < kv0 + num_kv_heads / split; ++kvh) {
-                const int64_t at = (slots[r] * token_stride + kvh * head_size) * width;
-                memcpy((char *)cache + at, (const char *)keys + (r * key_stride + kvh * head_size) * width,
-                       width * head_size);
-                memcpy(values + at, (const char *)values_in + (r * value_stride + kvh * head_size) * width,
-                       width * head_size);
-            }
-        }
-        const char *q = (const char *)query + head0;
-        char *o = (char *)out + head0;
-        if (head_size == 64)
-            attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, 64, block_size, block_stride,
-                           token_stride, scale, soft_cap, bf16);
-        else if (head_size == 128)
-            attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, 128, block_size, block_stride,
-                           token_stride, scale, soft_cap, bf16);
+        if (bf16)
+            decode_task(query, cache, block_tables, seq_lens, out, r, kv0, split, num_heads, num_kv_heads, head_size,
+                        block_size, num_blocks, max_blocks, scale, window, soft_cap, keys, key_stride, values_in,
+                        value_stride, slots, 1);
         else
-            attend_kv_head(q, k, v, table, first, len, o, heads_per_task, group, head_size, block_size,
-                           block_stride, token_stride, scale, soft_cap, bf16);
+            decode_task(query, cache, block_tables, seq_lens, out, r, kv0, split, num_heads, num_kv_heads, head_size,
+                        block_size, num_blocks, max_blocks, scale, window, soft_cap, keys, key_stride, values_in,
+                        value_stride, slots, 0);
     }
 }
 

@@ -153,7 +153,24 @@ static inline __attribute__((always_inline)) void prefill_tile(
     }
 }
 
-static inline __attribute__((always_inline)) void paged_prefill(
+/* prefill_tile with the common head sizes as constants, for a literal bf16: OpenMP outlines the task
+ * loop before inlining, so the loop branches on the element type and each branch gets its own body. */
+static inline __attribute__((always_inline)) void sized_tile(
+        const void *q, const void *k, const void *v, const int32_t *table, int64_t first_pos, int64_t tokens,
+        int64_t group, int64_t num_heads, int64_t head_size, int64_t block_size, int64_t block_stride,
+        int64_t token_stride, float scale, int64_t window, float soft_cap, void *o, const int bf16) {
+    if (head_size == 64)
+        prefill_tile(q, k, v, table, first_pos, tokens, group, num_heads, 64, block_size, block_stride, token_stride,
+                     scale, window, soft_cap, o, bf16);
+    else if (head_size == 128)
+        prefill_tile(q, k, v, table, first_pos, tokens, group, num_heads, 128, block_size, block_stride, token_stride,
+                     scale, window, soft_cap, o, bf16);
+    else
+        prefill_tile(q, k, v, table, first_pos, tokens, group, num_heads, head_size, block_size, block_stride,
+                     token_stride, scale, window, soft_cap, o, bf16);
+}
+
+static void paged_prefill(
         const void *query, const void *cache, const int32_t *block_tables, const int32_t *query_starts,
         const int32_t *context_lens, void *out, int64_t num_requests, int64_t num_heads, int64_t num_kv_heads,
         int64_t head_size, int64_t block_size, int64_t num_blocks, int64_t max_blocks, float scale, int64_t window,
@@ -186,15 +203,12 @@ static inline __attribute__((always_inline)) void paged_prefill(
         const char *k = (const char *)cache + kvh * head_size * width, *v = values + kvh * head_size * width;
         const char *q = (const char *)query + head0;
         char *o = (char *)out + head0;
-        if (head_size == 64)
-            prefill_tile(q, k, v, table, first_pos, tokens, group, num_heads, 64, block_size, block_stride,
-                         token_stride, scale, window, soft_cap, o, bf16);
-        else if (head_size == 128)
-            prefill_tile(q, k, v, table, first_pos, tokens, group, num_heads, 128, block_size, block_stride,
-                         token_stride, scale, window, soft_cap, o, bf16);
+        if (bf16)
+            sized_tile(q, k, v, table, first_pos, tokens, group, num_heads, head_size, block_size, block_stride,
+                       token_stride, scale, window, soft_cap, o, 1);
         else
-            prefill_tile(q, k, v, table, first_pos, tokens, group, num_heads, head_size, block_size, block_stride,
-                         token_stride, scale, window, soft_cap, o, bf16);
+            sized_tile(q, k, v, table, first_pos, tokens, group, num_heads, head_size, block_size, block_stride,
+                       token_stride, scale, window, soft_cap, o, 0);
     }
 }
 
