@@ -8,7 +8,7 @@
  * query/out:    [num_requests][num_heads][head_size], contiguous.
  * Each (request, kv head) pair is independent: OpenMP splits requests (or, with few requests, pairs)
  * across threads. With `keys` given, each task first stores its request's new key and value heads at
- * cache slot slots[r] (rows of keys / values are key_stride / value_stride floats apart), so one call
+ * cache slot slots[r] (rows of keys / values are key_stride / value_stride elements apart), so one call
  * replaces the cache write.
  *
  * Keys are taken a tile at a time (the tokens of one cache block): every score of the tile first, so
@@ -30,7 +30,7 @@
 #define MAX_HEAD 256
 
 /* The tile starting at position pos: n tokens (to the end of pos's cache block, at most MAX_TILE and
- * none at or past len) whose first token is `base` floats into the keys (and values). */
+ * none at or past len) whose first token is `base` elements into the keys (and values). */
 static inline void tile_at(const int32_t *table, int64_t pos, int64_t len, int64_t block_size,
                            int64_t block_stride, int64_t token_stride, int64_t *n, int64_t *base) {
     if (pos >= len) {
