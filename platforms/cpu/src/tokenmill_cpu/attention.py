@@ -26,6 +26,7 @@ import torch
 from tokenmill.layers.native_calls import native_call
 from tokenmill.plugin_api import AttentionBatch, AttentionCapabilities, AttentionSpec
 from tokenmill.reference.attention import AttentionGroup, ReferenceAttentionBackend, ReferenceAttentionMetadata
+from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
 from tokenmill_cpu.kernels.native import MAX_GROUP, MAX_HEAD_SIZE, load_library, unavailable_reason
 
 PREFILL_MAX_EQUAL_KEYS = 512
@@ -69,9 +70,9 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
     def __init__(self, device: Any = None) -> None:
         super().__init__(device)
         kernels = load_library()
-        self._decode_kernels = {torch.float32: kernels.paged_decode_f32, torch.bfloat16: kernels.paged_decode_bf16}
-        self._prefill_kernels = {torch.float32: kernels.paged_prefill_f32, torch.bfloat16: kernels.paged_prefill_bf16}
-        self._write_kernels = {torch.float32: kernels.write_kv_f32, torch.bfloat16: kernels.write_kv_bf16}
+        self._decode_kernels = by_dtype(kernels, "paged_decode")
+        self._prefill_kernels = by_dtype(kernels, "paged_prefill")
+        self._write_kernels = by_dtype(kernels, "write_kv")
 
     def plan(self, batch: AttentionBatch) -> CpuAttentionMetadata:
         """The reference plan; a decode-only step also keeps views of its tables and lengths, and a
@@ -130,10 +131,10 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         out = torch.empty_like(query)
         block_size = blocks.shape[2] // (spec.num_kv_heads * spec.head_size)
         native_call(
-            self._prefill_kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), starts.data_ptr(),
-            contexts.data_ptr(), out.data_ptr(), contexts.shape[0], spec.num_heads, spec.num_kv_heads,
-            spec.head_size, block_size, blocks.shape[1], tables.stride(0), spec.scale, spec.sliding_window or 0,
-            spec.logits_soft_cap or 0.0,
+            self._prefill_kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(),
+            starts.data_ptr(), contexts.data_ptr(), out.data_ptr(), contexts.shape[0], spec.num_heads,
+            spec.num_kv_heads, spec.head_size, block_size, blocks.shape[1], tables.stride(0), spec.scale,
+            spec.sliding_window or 0, spec.logits_soft_cap or 0.0,
         )
         return out
 
@@ -150,7 +151,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
     @staticmethod
     def _native(spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup) -> bool:
         """Whether a native kernel takes this group: a float32 or bfloat16 cache, the query of its dtype."""
-        return (query.dtype == blocks.dtype and blocks.dtype in (torch.float32, torch.bfloat16) and spec.causal
+        return (query.dtype == blocks.dtype and blocks.dtype in SUFFIXES and spec.causal
                 and spec.head_size <= MAX_HEAD_SIZE and spec.num_heads // spec.num_kv_heads <= MAX_GROUP)
 
     def _decode(self, spec: AttentionSpec, query: torch.Tensor, blocks: torch.Tensor, group: AttentionGroup,
@@ -170,9 +171,10 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
             slots = slots if slots.dtype == torch.int64 else slots.to(torch.int64)
             stores = (keys.data_ptr(), keys.stride(0), values.data_ptr(), values.stride(0), slots.data_ptr())
         native_call(
-            self._decode_kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-            group.num_requests, spec.num_heads, spec.num_kv_heads, spec.head_size, block_size, num_blocks,
-            tables.stride(0), spec.scale, spec.sliding_window or 0, spec.logits_soft_cap or 0.0, *stores,
+            self._decode_kernels[blocks.dtype], query.data_ptr(), blocks.data_ptr(), tables.data_ptr(),
+            lens.data_ptr(), out.data_ptr(), group.num_requests, spec.num_heads, spec.num_kv_heads, spec.head_size,
+            block_size, num_blocks, tables.stride(0), spec.scale, spec.sliding_window or 0, spec.logits_soft_cap or 0.0,
+            *stores,
         )
         return out
 

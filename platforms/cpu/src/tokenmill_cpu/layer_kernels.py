@@ -5,11 +5,12 @@ A decode step of a 30-layer model otherwise runs some 60 small tensor operations
 the matrix products; at one token each costs more in dispatch than in arithmetic. The kernels are
 ``kernels/layer_ops.c`` (built on first use by core's ``build_native_library``) and take float32
 or bfloat16 rows whose last dimension is contiguous (bfloat16 rounded wherever PyTorch's bfloat16
-operations round); anything else is declined (None) and runs core's PyTorch code. The small-batch matrix product (``kernels/small_batch_matmul.c``) streams a float32 weight once
-at memory speed: at one row it beat oneDNN's reordered-weight linear by ~10% (30 cold SmolLM2 layers:
-16.8 vs 18.6 ms) and at two about even, so it takes up to ``SMALL_BATCH_ROWS`` rows; from there to
-``PANEL_MAX_ROWS`` rows ``PanelMatmul`` multiplies against packed weight panels. Being native calls,
-they also let a dense model's decode steps be captured as CPU decode graphs.
+operations round); anything else is declined (None) and runs core's PyTorch code. The small-batch
+matrix product (``kernels/small_batch_matmul.c``) streams a float32 weight once at memory speed: at
+one row it beat oneDNN's reordered-weight linear by ~10% (30 cold SmolLM2 layers: 16.8 vs 18.6 ms)
+and at two about even, so it takes up to ``SMALL_BATCH_ROWS`` rows; from there to ``PANEL_MAX_ROWS``
+rows ``PanelMatmul`` multiplies against packed weight panels. Being native calls, they also let a
+dense model's decode steps be captured as CPU decode graphs.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ import torch
 from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LayerKernels
+from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
 from tokenmill_cpu.panel_matmul import PanelMatmul, load_panel_matmul
 
 SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
 SMALL_BATCH_SOURCE = Path(__file__).parent / "kernels" / "small_batch_matmul.c"
 FLOAT32 = torch.float32
-DTYPES = (torch.float32, torch.bfloat16)
-SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 SMALL_BATCH_ROWS = 2
 
 
@@ -39,7 +39,7 @@ def load_layer_ops() -> ctypes.CDLL:
     """The compiled library (NativeBuildError from core when there is no C compiler)."""
     library = build_native_library(SOURCE, "CPU layer kernels")
     pointer, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    for suffix in SUFFIX.values():
+    for suffix in SUFFIXES.values():
         rms_norm, rotary, silu_and_mul = (getattr(library, f"{name}_{suffix}")
                                           for name in ("rms_norm", "rotary", "silu_and_mul"))
         rms_norm.argtypes = [pointer, i64, pointer, i64, pointer, f32, i64, i64, pointer, pointer]
@@ -74,7 +74,7 @@ def layer_ops_unavailable() -> str | None:
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """``x`` (float32 or bfloat16) as rows [T, last] with a unit inner stride, and the row stride (in
     elements); None otherwise."""
-    if x.dtype not in DTYPES:
+    if x.dtype not in SUFFIXES:
         return None
     if x.dim() == 2 and x.stride(1) == 1:
         return x, x.stride(0)
@@ -87,7 +87,7 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 def _heads(x: torch.Tensor) -> int | None:
     """The row stride of ``x`` [T, heads, head_size] (float32 or bfloat16) whose heads are contiguous
     within a row."""
-    if x.dtype not in DTYPES or x.dim() != 3:
+    if x.dtype not in SUFFIXES or x.dim() != 3:
         return None
     row_stride, head_stride, unit = x.stride()
     return row_stride if unit == 1 and head_stride == x.shape[2] else None
@@ -102,9 +102,8 @@ class CpuLayerKernels(LayerKernels):
         self._library = load_layer_ops()
         self._small_batch_matmul = load_small_batch_matmul()
         self._panel_matmul = PanelMatmul()
-
-    def _function(self, name: str, dtype: torch.dtype) -> Any:
-        return getattr(self._library, f"{name}_{SUFFIX[dtype]}")
+        self._rms_norm, self._rotary, self._silu_and_mul = (by_dtype(self._library, name)
+                                                            for name in ("rms_norm", "rotary", "silu_and_mul"))
 
     def rms_norm(self, x: Any, weight: Any, eps: float, residual: Any | None = None) -> Any | None:
         """Residual add and RMSNorm over float32 or bfloat16 rows (weight of the same dtype) in one pass."""
@@ -113,7 +112,7 @@ class CpuLayerKernels(LayerKernels):
             return None
         x2d, x_stride = rows
         count, hidden = x2d.shape
-        function = self._function("rms_norm", x.dtype)
+        function = self._rms_norm[x.dtype]
         normed = torch.empty(x.shape, dtype=x.dtype)
         if residual is None:
             native_call(function, x2d.data_ptr(), x_stride, None, 0, weight.data_ptr(), eps, count, hidden,
@@ -133,7 +132,9 @@ class CpuLayerKernels(LayerKernels):
         q_stride, k_stride = _heads(query), _heads(key)
         if q_stride is None or k_stride is None or query.shape[2] != key.shape[2] or query.shape[0] != key.shape[0]:
             return None
-        if len({query.dtype, key.dtype, cos.dtype, sin.dtype}) != 1 or not cos.is_contiguous() or not sin.is_contiguous():
+        if len({query.dtype, key.dtype, cos.dtype, sin.dtype}) != 1:
+            return None
+        if not cos.is_contiguous() or not sin.is_contiguous():
             return None
         count, _, head_size = query.shape
         rotary_dim = 2 * cos.shape[-1]
@@ -141,7 +142,7 @@ class CpuLayerKernels(LayerKernels):
             return None
         q_out = torch.empty(query.shape, dtype=query.dtype)
         k_out = torch.empty(key.shape, dtype=key.dtype)
-        native_call(self._function("rotary", query.dtype), query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride,
+        native_call(self._rotary[query.dtype], query.data_ptr(), q_stride, query.shape[1], key.data_ptr(), k_stride,
                     key.shape[1], count, head_size, rotary_dim, cos.data_ptr(), sin.data_ptr(), q_out.data_ptr(),
                     k_out.data_ptr())
         return q_out, k_out
@@ -154,7 +155,7 @@ class CpuLayerKernels(LayerKernels):
         x2d, x_stride = rows
         count, width = x2d.shape
         out = torch.empty(*x.shape[:-1], width // 2, dtype=x.dtype)
-        native_call(self._function("silu_and_mul", x.dtype), x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
+        native_call(self._silu_and_mul[x.dtype], x2d.data_ptr(), x_stride, count, width // 2, out.data_ptr())
         return out
 
     def gather_rows(self, table: Any, indices: Any) -> Any | None:

@@ -14,12 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tokenmill.layers.native_library import build_failure, build_native_library
+from tokenmill_cpu.kernels.dtypes import SUFFIXES
 
 DECODE_SOURCE = Path(__file__).with_name("paged_decode.c")
 PREFILL_SOURCE = Path(__file__).with_name("paged_prefill.c")
 MAX_HEAD_SIZE = 256
 MAX_GROUP = 64
-SUFFIXES = ("f32", "bf16")
 
 
 @lru_cache(maxsize=1)
@@ -30,7 +30,7 @@ def load_library() -> SimpleNamespace:
     prefill = build_native_library(PREFILL_SOURCE, "CPU prefill attention kernel")
     pointer, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     functions = {}
-    for suffix in SUFFIXES:
+    for suffix in SUFFIXES.values():
         functions[f"paged_decode_{suffix}"] = _typed(getattr(decode, f"paged_decode_{suffix}"),
                                                      [pointer] * 5 + [i64] * 7 + [f32, i64, f32] + [pointer, i64] * 2
                                                      + [pointer], None)

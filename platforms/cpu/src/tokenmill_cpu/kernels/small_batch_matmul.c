@@ -96,9 +96,11 @@ void small_batch_matmul_f32(const float *x, int64_t M, int64_t K, int64_t ldx, c
     for (int64_t pair = 0; pair < (N + 1) / 2; ++pair) {
         const int64_t n = 2 * pair;
         const block_fn *kernels = n + 1 < N ? PAIRED : SINGLE;
+        const char *near = n + 2 * NEAR_AHEAD < N ? (const char *)(w + (n + 2 * NEAR_AHEAD) * ldw) : NULL;
+        const char *far = n + 2 * FAR_AHEAD < N ? (const char *)(w + (n + 2 * FAR_AHEAD) * ldw) : NULL;
         for (int64_t offset = 0; offset < 2 * ldw * (int64_t)sizeof(float); offset += 64) {
-            if (n + 2 * NEAR_AHEAD < N) __builtin_prefetch((const char *)(w + (n + 2 * NEAR_AHEAD) * ldw) + offset, 0, 3);
-            if (n + 2 * FAR_AHEAD < N) __builtin_prefetch((const char *)(w + (n + 2 * FAR_AHEAD) * ldw) + offset, 0, 2);
+            if (near != NULL) __builtin_prefetch(near + offset, 0, 3);
+            if (far != NULL) __builtin_prefetch(far + offset, 0, 2);
         }
         for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
             const int64_t rows = M - m0 < ROWS ? M - m0 : ROWS;
