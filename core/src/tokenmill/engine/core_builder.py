@@ -49,7 +49,7 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
     runner = ModelRunner(model, backend, num_blocks=num_blocks, block_size=config.cache.block_size,
                          max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
                          max_model_len=config.model.max_model_len, vocab_size=config.model.vocab_size,
-                         device=platform.torch_device())
+                         device=platform.torch_device(), layer_kernels=build.layer_kernels)
     if not encoder:
         _attach_graphs(config, runner)
     scheduler = Scheduler(SchedulerConfig(

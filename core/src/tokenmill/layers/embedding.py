@@ -8,6 +8,8 @@ from torch import nn
 from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LayerKernels, LinearSpec, Quantizer, QuantKernel
 
+FLOAT32 = torch.float32
+
 
 class VocabEmbedding(nn.Module):
     """A full-precision ``weight`` [vocab_size, hidden_size] looked up by token id (through the
@@ -46,3 +48,15 @@ class LMHead(Linear):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return super().forward(hidden).float()
+
+    def greedy_token_ids(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Each row's argmax of ``forward(hidden)`` (int64 [N]) from the platform's ``greedy_lm_head``,
+        which need not compute every logit; None unless the head is a float32 product of a plain
+        weight without bias and the platform answers."""
+        kernels = getattr(self, "kernels", None)
+        weight = getattr(self, "weight", None)
+        if kernels is None or self.bias is not None or not self.kernel.plain_weight:
+            return None
+        if not isinstance(weight, torch.Tensor) or weight.dtype is not FLOAT32 or hidden.dtype is not FLOAT32:
+            return None
+        return kernels.greedy_lm_head(hidden, weight)

@@ -33,6 +33,7 @@ class OneDnnLinearKernel(QuantKernel):
     """``x @ W.T + b`` with ``W`` reordered once for oneDNN (CPU, float32 / bfloat16)."""
 
     name = "onednn-linear"
+    plain_weight = True
 
     @classmethod
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:

@@ -42,6 +42,10 @@ class DecoderEmbeddingMixin:
         """Embedding backbones have no LM head."""
         raise TypeError(f"{type(self).__name__} is an embedding model without an LM head: use LLM.embed")
 
+    def greedy_token_ids(self, hidden: torch.Tensor) -> None:
+        """No LM head to take an argmax of (``compute_logits`` says so)."""
+        return None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The causal-LM loading, after prefixing bare backbone names with ``model.``."""
         return super().load_weights(_with_model_prefix(weights))

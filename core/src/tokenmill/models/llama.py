@@ -5,6 +5,8 @@ The model contract every tokenmill model follows:
 * ``__init__(hf_config, build: ModelBuildContext)``;
 * ``forward(input_ids [T] int64, positions [T] int64, ctx: AttentionContext) -> hidden [T, hidden]``;
 * ``compute_logits(hidden [N, hidden]) -> logits [N, vocab] float32``;
+* optionally ``greedy_token_ids(hidden [N, hidden]) -> int64 [N] or None``: the logits' argmax when
+  the model can find it without every logit (greedy steps without logprobs), None otherwise;
 * ``load_weights(iterable of (Hugging Face name, tensor)) -> names of the parameters now loaded``;
 * ``attention_specs() -> list[AttentionSpec]``, one per layer, indexed like ``ctx.kv_caches``.
 
@@ -170,6 +172,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the rows of ``hidden`` the caller selected."""
         return self.lm_head(hidden)
+
+    def greedy_token_ids(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``compute_logits(hidden).argmax(-1)`` where the platform can take it without every logit, else None."""
+        return self.lm_head.greedy_token_ids(hidden)
 
     def attention_specs(self) -> list[AttentionSpec]:
         """One AttentionSpec per layer, in layer order (the order of ``ctx.kv_caches``)."""

@@ -49,3 +49,18 @@ class LayerKernels:
         (or for the dtypes, layouts) where the platform's general matrix product is faster.
         Optional (plugin API 1.4); asked by core's oneDNN linear kernel before every call."""
         return None
+
+    def argmax_rows(self, logits: Any) -> Any | None:
+        """``torch.argmax(logits, dim=-1)`` as int64 [N] for float32 ``logits`` [N, V]: the first index of
+        each row's maximum, or of its first NaN. Optional (plugin API 1.6); asked by the sampler for
+        greedy rows."""
+        return None
+
+    def greedy_lm_head(self, hidden: Any, weight: Any) -> Any | None:
+        """Each row's argmax (int64 [N]) of the float32 logits ``hidden @ weight.T``, ``hidden`` [N, K] and
+        ``weight`` [V, K] float32, without necessarily computing every logit. The answer must be the
+        argmax of the float32 product up to that product's rounding: a token whose exact logit exceeds
+        every other by more than the float32 product's rounding error must be the one returned.
+        Optional (plugin API 1.6); asked for steps whose rows are all greedy, without logprobs or
+        logits processors."""
+        return None

@@ -42,6 +42,11 @@ class QuantKernel:
     name: ClassVar[str]
     """Unique short name shown in ``tokenmill plugins explain``. Required."""
 
+    plain_weight: ClassVar[bool] = False
+    """True when ``apply`` computes ``x @ layer.weight.T (+ bias)`` from a plain floating-point
+    ``weight`` [out, in] (no scales, no packing), so core may hand that weight to other kernels
+    (a platform's ``greedy_lm_head``). Optional (plugin API 1.6; default False)."""
+
     @classmethod
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
         """Why this kernel cannot run ``spec`` here, or None when it can. Optional (default: can).

@@ -7,7 +7,9 @@
 # 1.4: optional LayerKernels.small_batch_linear (decode-step matrix products), asked by core's oneDNN linear
 # 1.5: optional AttentionCapabilities.prefill_graph_capture, PlatformCapabilities.prefill_graph_max_tokens
 #      (single-request prefill chunks replayed through graphs, one per padded length)
-PLUGIN_API_VERSION: tuple[int, int] = (1, 5)
+# 1.6: optional LayerKernels.argmax_rows and LayerKernels.greedy_lm_head (greedy steps' argmax),
+#      QuantKernel.plain_weight
+PLUGIN_API_VERSION: tuple[int, int] = (1, 6)
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:

@@ -20,6 +20,7 @@ class TorchLinearKernel(QuantKernel):
     """``torch.nn.functional.linear`` on the layer's full-precision ``weight`` [out, in]."""
 
     name = "torch-linear"
+    plain_weight = True
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ layer.weight.T (+ bias)``."""

@@ -1,8 +1,9 @@
 """ModelRunner: runs one scheduled step on the model, hardware-neutrally.
 
 Per step: flatten the scheduled requests (StepInputs), let the attention backend plan once, run
-the model, take the logits of the rows that sample, and sample. The runner knows the platform
-only through its device and the attention backend it was given.
+the model, take the logits of the rows that sample, and sample (or, for greedy batches, ask the
+model for the argmax directly). The runner knows the platform only through its device, the
+attention backend and the layer kernels it was given.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from torch import nn
 
 from tokenmill.engine.messages import LogprobsEntry
 from tokenmill.layers.context import AttentionContext
-from tokenmill.plugin_api import AttentionBackend, AttentionSpec
+from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LayerKernels
 from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.prefill_graphs import PrefillGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder, StepInputs
 from tokenmill.runner.zeroed_memory import zeroed_tensor
 from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
-from tokenmill.sampling.sampler import Sampler
+from tokenmill.sampling.sampler import Sampler, SamplerOutput
 from tokenmill.scheduler.output import SchedulerOutput
 
 
@@ -45,7 +46,7 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, *, num_blocks: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, vocab_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, layer_kernels: LayerKernels | None = None) -> None:
         self.model = model
         self.backend = backend
         self.device = device
@@ -58,7 +59,7 @@ class ModelRunner:
         ]
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
-        self.sampler = Sampler()
+        self.sampler = Sampler(layer_kernels)
         self.decode_graphs: DecodeGraphRunner | None = None  # set (and captured) by the engine builder
         self.prefill_graphs: PrefillGraphRunner | None = None  # likewise
 
@@ -87,15 +88,26 @@ class ModelRunner:
                     request.sampling_params.prompt_logprobs)
 
         if step.sample_requests:
-            logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
+            rows = hidden.index_select(0, step.sample_rows)
             requests = [s.request for s in step.sample_requests]
             batch = SamplingBatch.from_requests(requests, self.vocab_size, self.device)
-            sampled = self.sampler(logits, batch)
+            sampled = self._greedy(rows, batch) or self.sampler(self.model.compute_logits(rows), batch)
             for request, token_id, logprobs in zip(requests, sampled.token_ids, sampled.logprobs, strict=True):
                 result.sampled_token_ids[request.request_id] = [token_id]
                 if logprobs is not None:
                     result.logprobs[request.request_id] = [logprobs]
         return result
+
+    def _greedy(self, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput | None:
+        """The tokens of a batch that only takes argmaxes (all greedy, no logprobs, no logits processors)
+        from the model's ``greedy_token_ids``, which may skip most logits; None when it does not answer."""
+        if not batch.all_greedy or batch.needs_processing or any(k is not None for k in batch.num_logprobs):
+            return None
+        greedy_token_ids = getattr(self.model, "greedy_token_ids", None)
+        token_ids = greedy_token_ids(rows) if greedy_token_ids is not None else None
+        if token_ids is None:
+            return None
+        return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * batch.num_rows)
 
     def _replay(self, step: StepInputs) -> torch.Tensor | None:
         """The step's hidden states through a decode or prefill graph, or None to run it eagerly."""

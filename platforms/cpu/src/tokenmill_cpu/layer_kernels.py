@@ -25,6 +25,7 @@ import torch
 from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LayerKernels
+from tokenmill_cpu.greedy_head import GreedyHead, load_greedy_head
 from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
 from tokenmill_cpu.panel_matmul import PanelMatmul, load_panel_matmul
 
@@ -68,7 +69,8 @@ def load_small_batch_matmul() -> Any:
 
 def layer_ops_unavailable() -> str | None:
     """Why the layer kernels cannot be built or loaded here, or None."""
-    return build_failure(load_layer_ops) or build_failure(load_small_batch_matmul) or build_failure(load_panel_matmul)
+    return (build_failure(load_layer_ops) or build_failure(load_small_batch_matmul) or build_failure(load_panel_matmul)
+            or build_failure(load_greedy_head))
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
@@ -98,8 +100,11 @@ class CpuLayerKernels(LayerKernels):
 
     name = "cpu-layer-ops"
 
-    def __init__(self) -> None:
+    def __init__(self, bf16_estimates: bool = False) -> None:
+        """``bf16_estimates``: the CPU multiplies bfloat16 natively, so ``greedy_lm_head`` may estimate
+        logits in bfloat16 (elsewhere it declines)."""
         self._library = load_layer_ops()
+        self._greedy_head = GreedyHead(bf16_estimates)
         self._small_batch_matmul = load_small_batch_matmul()
         self._panel_matmul = PanelMatmul()
         self._rms_norm, self._rotary, self._silu_and_mul = (by_dtype(self._library, name)
@@ -186,3 +191,12 @@ class CpuLayerKernels(LayerKernels):
         native_call(self._small_batch_matmul, x.data_ptr(), rows, width, x.stride(0), weight.data_ptr(),
                     weight.shape[0], weight.stride(0), out.data_ptr(), out.stride(0))
         return out
+
+    def argmax_rows(self, logits: Any) -> Any | None:
+        """Each float32 row's argmax in C, rows spread over the threads."""
+        return self._greedy_head.argmax_rows(logits)
+
+    def greedy_lm_head(self, hidden: Any, weight: Any) -> Any | None:
+        """The argmax of a float32 LM head from bfloat16 estimates and float32 recomputation of the tokens
+        still in contention (``GreedyHead``); declined without native bfloat16 products."""
+        return self._greedy_head(hidden, weight)

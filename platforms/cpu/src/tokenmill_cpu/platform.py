@@ -105,8 +105,9 @@ class CpuPlatform(Platform):
         return CpuDecodeGraph(self._graph_arena)
 
     def layer_kernels(self) -> LayerKernels | None:
-        """RMSNorm, rotary and SiluAndMul in C (``CpuLayerKernels``) when a C compiler can build them;
-        ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's PyTorch code."""
+        """RMSNorm, rotary, SiluAndMul, decode-step matrix products and greedy argmaxes in C
+        (``CpuLayerKernels``) when a C compiler can build them, the greedy LM head estimated in bfloat16
+        where the ISA multiplies it natively; ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's PyTorch code."""
         if os.environ.get(LAYER_KERNELS_ENV, "1") == "0":
             return None
         from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable  # imports torch
@@ -115,7 +116,7 @@ class CpuPlatform(Platform):
         if reason is not None:
             logger.warning("cpu platform: layer kernels unavailable, using PyTorch ops: %s", reason)
             return None
-        return CpuLayerKernels()
+        return CpuLayerKernels(bf16_estimates=has_native_bf16(isa_features(read_cpuinfo(self.cpuinfo_path).flags)))
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and

@@ -15,6 +15,7 @@ class GGUFDequantizedKernel(QuantKernel):
     where memory allows, e.g. on CPUs)."""
 
     name = "gguf-dequantized"
+    plain_weight = True
     gguf_layout: ClassVar[str] = "dequantize"  # what GGUFQuantizer.create_weights builds for this kernel
 
     @classmethod

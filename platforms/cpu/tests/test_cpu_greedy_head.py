@@ -1,0 +1,140 @@
+"""GreedyHead: ``argmax_rows`` gives torch.argmax's answer (ties, NaNs, infinities, strided rows);
+the greedy LM head gives the float32 product's argmax from bfloat16 estimates, including near-ties the
+estimates cannot see and exact ties (first index), declines what it cannot settle (non-finite
+values) or take (dtypes, layouts, CPUs without native bfloat16), follows in-place weight changes,
+and its error bound holds against the float64 product."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from tokenmill.layers.native_library import build_failure
+from tokenmill_cpu.greedy_head import GreedyHead, error_bounds, load_greedy_head
+from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable
+
+pytestmark = pytest.mark.skipif(build_failure(load_greedy_head) is not None, reason="no C compiler")
+
+
+@pytest.fixture
+def head() -> GreedyHead:
+    return GreedyHead(bf16_estimates=True)
+
+
+def _reference(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (hidden @ weight.T).argmax(dim=-1)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 49152), (3, 17), (64, 1000), (5, 4099)])
+def test_argmax_rows_matches_torch(head, shape):
+    torch.manual_seed(shape[0] * 31 + shape[1])
+    logits = torch.randn(shape)
+    assert head.argmax_rows(logits).tolist() == logits.argmax(dim=-1).tolist()
+
+
+def test_argmax_rows_ties_nans_and_infinities(head):
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [nan, 5.0, nan, 1.0], [-inf] * 4, [2.0, nan, 9.0, 1.0],
+                           [inf, 1.0, inf, -inf], [0.0, -0.0, 0.0, -1.0]])
+    got = head.argmax_rows(logits)
+    assert got.dtype == torch.int64 and got.tolist() == logits.argmax(dim=-1).tolist()
+
+
+def test_argmax_rows_reads_strided_rows_and_declines_other_layouts(head):
+    torch.manual_seed(2)
+    wide = torch.randn(6, 300)
+    rows = wide[:, 7:207]
+    assert head.argmax_rows(rows).tolist() == rows.argmax(dim=-1).tolist()
+    assert head.argmax_rows(wide.T) is None  # inner stride not 1
+    assert head.argmax_rows(wide.double()) is None
+    assert head.argmax_rows(torch.randn(3)) is None
+
+
+@pytest.mark.parametrize(("rows", "vocab", "depth"), [(1, 3000, 64), (7, 1000, 576), (64, 5003, 96), (2, 70, 1)])
+def test_greedy_head_matches_the_float32_argmax(head, rows, vocab, depth):
+    torch.manual_seed(rows + vocab + depth)
+    hidden, weight = torch.randn(rows, depth) * 3, torch.randn(vocab, depth) * 0.05
+    assert head(hidden, weight).tolist() == _reference(hidden, weight).tolist()
+
+
+def test_greedy_head_separates_near_ties_below_bfloat16_precision(head):
+    torch.manual_seed(3)
+    depth = 128
+    hidden = torch.rand(8, depth) + 0.5  # positive: scaling a weight row scales its logit
+    others = torch.randn(500, depth) * 0.01
+    base = torch.rand(depth) + 0.5
+    for row, (first, second) in enumerate([(10, 400), (400, 10), (0, 499), (250, 251)] * 2):
+        weight = others.clone()
+        weight[first] = base
+        weight[second] = base * (1 + (1e-4 if row % 2 else -1e-4))  # (nearly) the same bfloat16 row
+        want = _reference(hidden[row:row + 1], weight)
+        assert want.item() in (first, second)
+        assert head(hidden[row:row + 1], weight).tolist() == want.tolist()
+
+
+def test_greedy_head_takes_the_first_of_exact_ties(head):
+    hidden = torch.ones(2, 16)
+    weight = torch.zeros(40, 16)
+    weight[[5, 9, 30]] = 1.0
+    assert head(hidden, weight).tolist() == [5, 5]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_greedy_head_declines_rows_it_cannot_settle(head, bad):
+    torch.manual_seed(4)
+    hidden, weight = torch.randn(3, 32), torch.randn(100, 32)
+    hidden[1, 5] = bad
+    assert head(hidden, weight) is None
+    hidden[1, 5] = 0.0
+    weight[17, 3] = bad
+    assert head(hidden, weight) is None
+
+
+def test_greedy_head_declines_what_it_does_not_take():
+    torch.manual_seed(5)
+    hidden, weight = torch.randn(2, 32), torch.randn(50, 32)
+    assert GreedyHead(bf16_estimates=False)(hidden, weight) is None  # e.g. AVX2: bfloat16 products are slow
+    head = GreedyHead(bf16_estimates=True)
+    assert head(hidden.bfloat16(), weight) is None
+    assert head(hidden, weight.double()) is None
+    assert head(hidden.T.contiguous().T, weight) is None  # inner stride not 1
+    assert head(hidden[:, :16], weight) is None  # depths differ
+    assert head(hidden[:0], weight) is None
+
+
+def test_the_estimates_follow_the_weight(head):
+    torch.manual_seed(6)
+    hidden, weight = torch.randn(4, 64), torch.randn(300, 64)
+    assert head(hidden, weight).tolist() == _reference(hidden, weight).tolist()
+    assert len(head._estimators) == 1
+    weight.neg_()  # in place: same storage, new version
+    assert head(hidden, weight).tolist() == _reference(hidden, weight).tolist()
+    del weight
+    gc.collect()
+    assert not head._estimators
+
+
+@pytest.mark.parametrize("depth", [1, 64, 576, 2048])
+def test_the_error_bound_holds(head, depth):
+    torch.manual_seed(depth)
+    hidden, weight = torch.randn(16, depth) * 4, torch.randn(2000, depth) * 0.1
+    weight[:100] *= 30  # rows of very different norms
+    estimate = head._estimator(weight).estimate(hidden).double()
+    exact = hidden.double() @ weight.double().T
+    rel, out_rel = error_bounds(depth)
+    bound = rel * hidden.double().norm(dim=1, keepdim=True) * weight.double().norm(dim=1) + out_rel * estimate.abs()
+    assert bool(((estimate - exact).abs() <= bound).all())
+    assert float(((estimate - exact).abs() / bound).max()) > 0.01  # and is not vacuous
+
+
+@pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler")
+def test_the_layer_kernels_offer_both():
+    torch.manual_seed(7)
+    kernels = CpuLayerKernels(bf16_estimates=True)
+    hidden, weight = torch.randn(3, 48), torch.randn(700, 48)
+    assert kernels.greedy_lm_head(hidden, weight).tolist() == _reference(hidden, weight).tolist()
+    logits = hidden @ weight.T
+    assert kernels.argmax_rows(logits).tolist() == logits.argmax(dim=-1).tolist()
+    assert CpuLayerKernels().greedy_lm_head(hidden, weight) is None
