@@ -1,11 +1,15 @@
 """PanelMatmul (the decode-batch matrix product against packed weight panels) against the float64
 product: row counts around its 8-row blocks and up to PANEL_MAX_ROWS, widths around its 48-column
-panels, depths past its 192-deep chunks, strided operands; the packing follows the weight (made
-again after an in-place change, dropped with the weight); the layer kernels route rows to it."""
+panels, depths past its 192-deep chunks, strided operands, any number of threads sharing the panels;
+the packing follows the weight (made again after an in-place change, dropped with the weight); the
+layer kernels route rows to it."""
 
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -37,6 +41,22 @@ def test_matches_the_float64_product(panel, rows, out_features, in_features):
     x, weight = torch.randn(rows, in_features), torch.randn(out_features, in_features)
     assert panel.accepts(x, weight)
     _assert_product(panel(x, weight), x, weight)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 70])
+def test_every_panel_once_with_any_thread_count(threads):
+    """Threads claim panels from their own range, then from the others' (kernels/ranges.h); past its
+    64 ranges the extra threads claim nothing. Run in a fresh process to set the OpenMP team size."""
+    script = ("import torch\n"
+              "from tokenmill_cpu.panel_matmul import PanelMatmul\n"
+              "torch.manual_seed(0)\n"
+              "for n in (1, 47, 48, 1000, 3100):\n"
+              "    x, w = torch.randn(9, 100), torch.randn(n, 100)\n"
+              "    torch.testing.assert_close(PanelMatmul()(x, w).double(), x.double() @ w.double().T, rtol=1e-5, "
+              "atol=1e-4)\n")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_reads_strided_rows_and_weights(panel):

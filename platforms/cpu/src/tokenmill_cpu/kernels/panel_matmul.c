@@ -3,7 +3,8 @@
  * zero past the last row of w. Written with AVX-512 intrinsics; on other CPUs nothing is built and
  * panel_matmul_offered says so (oneDNN stays).
  *
- * Each thread takes a contiguous range of panels (sequential reads for the prefetchers) and, per
+ * Each thread takes a contiguous range of panels (sequential reads for the prefetchers; ranges.h
+ * lets a thread that finishes early take panels from the other's range) and, per
  * chunk of KC depths, runs every block of ROWS rows of x against it: 8 rows x 48 columns are 24
  * vector accumulators, each depth step loads three weight vectors and broadcasts eight x values, so
  * the weight chunk (36 KiB: it fits a 48 KiB L1 data cache) is read from memory once and then from
@@ -18,7 +19,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#include <omp.h>
+
+#include "ranges.h"
 
 #define ROWS 8
 #define KC 192
@@ -91,11 +93,12 @@ void panel_matmul_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const f
     const int64_t panels = (N + PANEL - 1) / PANEL;
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
         const int64_t rows = M - m0 < MC ? M - m0 : MC, blocks = (rows + ROWS - 1) / ROWS;
+        ranges_t ranges;
 #pragma omp parallel
         {
-            const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
-            const int64_t first = panels * id / threads, end = panels * (id + 1) / threads;
-            for (int64_t p = first; p < end; ++p) {
+            claimer_t me = ranges_begin(&ranges, panels);
+            int64_t end;
+            for (int64_t p; (p = ranges_claim(&ranges, &me, &end)) >= 0;) {
                 const int64_t width = N - p * PANEL;
                 const __mmask16 masks[3] = {lanes(width), lanes(width - 16), lanes(width - 32)};
                 for (int64_t k0 = 0; k0 < K; k0 += KC) {
