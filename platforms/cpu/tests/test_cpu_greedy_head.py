@@ -121,7 +121,7 @@ def test_the_error_bound_holds(head, depth):
     torch.manual_seed(depth)
     hidden, weight = torch.randn(16, depth) * 4, torch.randn(2000, depth) * 0.1
     weight[:100] *= 30  # rows of very different norms
-    estimate = head._estimator(weight).estimate(hidden).double()
+    estimate = head._estimators(weight).estimate(hidden).double()
     exact = hidden.double() @ weight.double().T
     rel, out_rel = error_bounds(depth)
     bound = rel * hidden.double().norm(dim=1, keepdim=True) * weight.double().norm(dim=1) + out_rel * estimate.abs()

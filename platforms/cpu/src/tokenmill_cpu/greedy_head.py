@@ -21,7 +21,6 @@ the rounding of the norms and of the bounds themselves.
 from __future__ import annotations
 
 import ctypes
-import weakref
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch
 from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_native_library
 from tokenmill.layers.onednn_linear import onednn_unavailable
+from tokenmill_cpu.weight_copies import WeightCopies
 
 SOURCE = Path(__file__).parent / "kernels" / "greedy_head.c"
 FLOAT32, BFLOAT16 = torch.float32, torch.bfloat16
@@ -59,12 +59,11 @@ def error_bounds(depth: int) -> tuple[float, float]:
 
 
 class _Estimator:
-    """One weight's bfloat16 copy and float32 row norms, and what the weight was when they were made."""
+    """One weight's bfloat16 copy (reordered for oneDNN) and float32 row norms."""
 
-    __slots__ = ("data_ptr", "version", "shape", "bf16", "norms")
+    __slots__ = ("bf16", "norms")
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.data_ptr, self.version, self.shape = weight.data_ptr(), _version(weight), tuple(weight.shape)
         # reordered once for oneDNN: a plain bfloat16 weight is reordered at every call (64 rows: 11 ms, not 6)
         self.bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(BFLOAT16), BATCH_HINT)
         self.norms = torch.linalg.vector_norm(weight.double(), dim=1).float()
@@ -73,13 +72,6 @@ class _Estimator:
         """``hidden @ weight.T`` in bfloat16 (inputs rounded to bfloat16, sums in float32)."""
         return torch.ops.mkldnn._linear_pointwise(hidden.to(BFLOAT16), self.bf16, None, "none", [], "")
 
-    def matches(self, weight: torch.Tensor) -> bool:
-        return (self.data_ptr, self.version, self.shape) == (weight.data_ptr(), _version(weight), tuple(weight.shape))
-
-
-def _version(weight: torch.Tensor) -> int | None:
-    return None if weight.is_inference() else weight._version
-
 
 class GreedyHead:
     """``argmax_rows(logits)`` and ``(hidden, weight) -> argmax of hidden @ weight.T`` per row."""
@@ -87,7 +79,7 @@ class GreedyHead:
     def __init__(self, bf16_estimates: bool) -> None:
         self._library = load_greedy_head()
         self.bf16_estimates = bf16_estimates and onednn_unavailable() is None
-        self._estimators: dict[int, _Estimator] = {}
+        self._estimators: WeightCopies[_Estimator] = WeightCopies(_Estimator)
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor | None:
         """torch.argmax(logits, dim=-1) for float32 rows with a unit inner stride; None otherwise."""
@@ -107,7 +99,7 @@ class GreedyHead:
             return None
         if hidden.stride(1) != 1 or weight.stride(1) != 1 or weight.device.type != "cpu":
             return None
-        estimator = self._estimator(weight)
+        estimator = self._estimators(weight)
         estimate = estimator.estimate(hidden)
         rows, depth = hidden.shape
         rel, out_rel = error_bounds(depth)
@@ -117,13 +109,3 @@ class GreedyHead:
                                 estimator.norms.data_ptr(), rows, weight.shape[0], depth, rel, out_rel,
                                 out.data_ptr())
         return None if unsettled else out
-
-    def _estimator(self, weight: torch.Tensor) -> _Estimator:
-        estimator = self._estimators.get(id(weight))
-        if estimator is not None and estimator.matches(weight):
-            return estimator
-        if estimator is None:
-            key = id(weight)
-            weakref.finalize(weight, self._estimators.pop, key, None)
-        estimator = self._estimators[id(weight)] = _Estimator(weight)
-        return estimator

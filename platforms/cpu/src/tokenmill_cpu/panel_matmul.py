@@ -16,7 +16,6 @@ changes in place.
 from __future__ import annotations
 
 import ctypes
-import weakref
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_native_library
+from tokenmill_cpu.weight_copies import WeightCopies
 
 SOURCE = Path(__file__).parent / "kernels" / "panel_matmul.c"
 FLOAT32 = torch.float32
@@ -45,32 +45,13 @@ def load_panel_matmul() -> ctypes.CDLL:
     return library
 
 
-class _Packed:
-    """One weight's packed panels, and what the weight was when they were made."""
-
-    __slots__ = ("data_ptr", "version", "shape", "panels")
-
-    def __init__(self, weight: torch.Tensor, panels: torch.Tensor) -> None:
-        self.data_ptr, self.version, self.shape = weight.data_ptr(), _version(weight), tuple(weight.shape)
-        self.panels = panels
-
-    def matches(self, weight: torch.Tensor) -> bool:
-        return (self.data_ptr, self.version, self.shape) == (weight.data_ptr(), _version(weight), tuple(weight.shape))
-
-
-def _version(weight: torch.Tensor) -> int | None:
-    """The tensor's in-place change counter; None for an inference tensor, which keeps none (weights
-    made under ``torch.inference_mode``, e.g. dequantized at load, are not changed in place)."""
-    return None if weight.is_inference() else weight._version
-
-
 class PanelMatmul:
     """``x @ weight.T`` for 1..PANEL_MAX_ROWS float32 rows, with each weight packed at its first use."""
 
     def __init__(self) -> None:
         self._library = load_panel_matmul()
         self.offered = bool(self._library.panel_matmul_offered())
-        self._packed: dict[int, _Packed] = {}
+        self._packed: WeightCopies[torch.Tensor] = WeightCopies(self._pack)
 
     def accepts(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether ``__call__`` takes these operands (float32, unit inner strides, the row count)."""
@@ -89,14 +70,10 @@ class PanelMatmul:
 
     def panels(self, weight: torch.Tensor) -> torch.Tensor:
         """``weight`` packed (cached while it lives and stays unchanged)."""
-        packed = self._packed.get(id(weight))
-        if packed is not None and packed.matches(weight):
-            return packed.panels
-        if packed is None:
-            key = id(weight)
-            weakref.finalize(weight, self._packed.pop, key, None)
+        return self._packed(weight)
+
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
         n, k = weight.shape
         panels = torch.empty(self._library.panel_matmul_packed_size(n, k), dtype=FLOAT32)
         self._library.pack_panels_f32(weight.data_ptr(), n, k, weight.stride(0), panels.data_ptr())
-        self._packed[id(weight)] = _Packed(weight, panels)
         return panels

@@ -116,7 +116,7 @@ class CpuPlatform(Platform):
         if reason is not None:
             logger.warning("cpu platform: layer kernels unavailable, using PyTorch ops: %s", reason)
             return None
-        return CpuLayerKernels(bf16_estimates=has_native_bf16(isa_features(read_cpuinfo(self.cpuinfo_path).flags)))
+        return CpuLayerKernels(bf16_estimates=has_native_bf16(self.capabilities.isa))
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and
