@@ -54,6 +54,7 @@ class EngineArgs:
     served_model_name: str | None = None
     num_threads: int | None = None
     enforce_eager: bool = False  # never capture graphs, even where the platform can
+    speculative_config: str | dict[str, Any] | None = None  # JSON object: see tokenmill.spec_decode.config
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -121,6 +122,7 @@ class EngineConfig:
     report: tuple[str, ...] = field(default=())
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = None  # set: size the KV cache again after a profiling step
+    speculative: Any = None  # tokenmill.spec_decode.config.SpeculativeConfig, or None: decode one token a step
 
     def render_report(self) -> str:
         return "\n".join(self.report)

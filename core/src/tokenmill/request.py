@@ -74,6 +74,7 @@ class Request:
         self.num_cached_tokens = 0
         self.num_preemptions = 0
         self.block_hashes: list[bytes] = []  # of the full blocks of all_token_ids, filled lazily
+        self.spec_token_ids: list[int] = []  # draft tokens proposed for the next step to verify
 
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None

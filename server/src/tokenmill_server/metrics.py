@@ -56,6 +56,10 @@ class ServerMetrics:
         self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.num_preemptions = counter("num_preemptions", "Preemptions (requests evicted and recomputed).")
+        self.spec_decode_num_drafts = counter("spec_decode_num_drafts", "Speculative-decoding steps that verified drafts.")
+        self.spec_decode_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_decode_num_accepted_tokens = counter("spec_decode_num_accepted_tokens",
+                                                       "Draft tokens the model confirmed.")
         self.admission_rejections = counter("admission_rejections", "Requests refused because the queue was full.")
         self._success = Counter(PREFIX + "request_success", "Finished requests by finish reason.",
                                 ["model_name", "finished_reason"], registry=r)
@@ -79,7 +83,7 @@ class ServerMetrics:
             lambda: self.streams.buffered_bytes)
         gauge("stream_buffered_bytes_max", "The most unsent output one stream has held.").set_function(
             lambda: self.streams.max_stream_bytes)
-        self._totals = (0, 0, 0)
+        self._totals = (0, 0, 0, 0, 0, 0)
 
     def observe(self, stats: IterationStats) -> None:
         """Apply one IterationStats (the AsyncLLM's stats listener)."""
@@ -88,8 +92,11 @@ class ServerMetrics:
             self.num_requests_running.set(scheduler.num_running)
             self.num_requests_waiting.set(scheduler.num_waiting)
             self.kv_cache_usage.set(scheduler.kv_cache_usage)
-            totals = (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits, scheduler.num_preemptions)
-            counters = (self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions)
+            totals = (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits, scheduler.num_preemptions,
+                      scheduler.spec_num_drafts, scheduler.spec_num_draft_tokens, scheduler.spec_num_accepted_tokens)
+            counters = (self.prefix_cache_queries, self.prefix_cache_hits, self.num_preemptions,
+                        self.spec_decode_num_drafts, self.spec_decode_num_draft_tokens,
+                        self.spec_decode_num_accepted_tokens)
             for counter, new, old in zip(counters, totals, self._totals, strict=True):
                 if new > old:
                     counter.inc(new - old)

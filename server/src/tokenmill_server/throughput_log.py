@@ -23,6 +23,7 @@ class ThroughputLog:
         self._scheduler: SchedulerStats | None = None
         self._last_time = time.monotonic()
         self._last_prefix = (0, 0)
+        self._last_spec = (0, 0)  # draft tokens verified, accepted
 
     def observe(self, stats: IterationStats) -> None:
         self._prompt_tokens += stats.num_prompt_tokens
@@ -48,6 +49,11 @@ class ThroughputLog:
         line = (f"prompt throughput: {self._prompt_tokens / elapsed:.1f} tokens/s, generation throughput: "
                 f"{self._generation_tokens / elapsed:.1f} tokens/s, running: {running} reqs, waiting: {waiting} reqs, "
                 f"KV cache usage: {usage:.1%}, prefix cache hit rate: {hit_rate:.1%}")
+        if scheduler is not None and scheduler.spec_num_draft_tokens > self._last_spec[0]:
+            drafted = scheduler.spec_num_draft_tokens - self._last_spec[0]
+            accepted = scheduler.spec_num_accepted_tokens - self._last_spec[1]
+            line += f", draft acceptance rate: {accepted / drafted:.1%}"
+            self._last_spec = (scheduler.spec_num_draft_tokens, scheduler.spec_num_accepted_tokens)
         self._prompt_tokens = self._generation_tokens = 0
         self._last_time, self._last_prefix = now, (queries, hits)
         return line

@@ -15,6 +15,9 @@ _HELP = {
     "device": "pin a platform/device, e.g. cpu, cuda, cuda:1 (also TOKENMILL_DEVICE)",
     "allow_cpu_fallback": "run on the CPU when an installed accelerator plugin is broken",
     "generation_config": "'auto' applies the model's generation_config.json sampling defaults, 'none' ignores it",
+    "speculative_config": "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4}' or '{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, "
+                          "\"quantization_config\": {\"gguf_mode\": \"packed\"}}' (greedy requests; outputs unchanged)",
 }
 
 

@@ -318,7 +318,8 @@ class AsyncLLM:
         stats = IterationStats(now, scheduler=SchedulerStats(
             num_running=step.num_running, num_waiting=step.num_waiting, kv_cache_usage=step.kv_cache_usage,
             prefix_cache_queries=step.prefix_cache_queries, prefix_cache_hits=step.prefix_cache_hits,
-            num_preemptions=step.num_preemptions))
+            num_preemptions=step.num_preemptions, spec_num_drafts=step.spec_num_drafts,
+            spec_num_draft_tokens=step.spec_num_draft_tokens, spec_num_accepted_tokens=step.spec_num_accepted_tokens))
         self.last_scheduler_stats = stats.scheduler
         stepped: set[str] = set()
         for output in step.outputs:

@@ -22,6 +22,7 @@ from tokenmill.discovery import (
     discover,
     select,
 )
+from tokenmill.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger("tokenmill")
 
@@ -168,6 +169,9 @@ def resolve_config(args: EngineArgs) -> EngineConfig:
         max_num_batched_tokens = max_model_len
         report.append(f"max_num_batched_tokens = {max_model_len} (without chunked prefill a whole prompt must fit)")
     quantizer = selection.quantizer_instance
+    speculative = SpeculativeConfig.parse(args.speculative_config)
+    if speculative is not None:
+        report.append(speculative.describe())
     model = ModelConfig(
         path=description.model_path if os.path.isdir(args.model) else os.path.abspath(args.model),
         tokenizer_path=args.tokenizer or os.path.abspath(args.model),
@@ -183,4 +187,5 @@ def resolve_config(args: EngineArgs) -> EngineConfig:
         scheduling_policy=args.scheduling_policy, seed=args.seed, max_logprobs=args.max_logprobs,
         num_threads=args.num_threads, selection=selection, report=tuple(report), enforce_eager=args.enforce_eager,
         gpu_memory_utilization=None if parse_size(args.kv_cache_memory) else args.gpu_memory_utilization,
+        speculative=speculative,
     )

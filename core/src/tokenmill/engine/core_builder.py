@@ -19,6 +19,9 @@ from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.runner.prefill_graphs import PREFILL_BUCKET_STEP, PrefillGraphRunner
 from tokenmill.scheduler.config import SchedulerConfig
 from tokenmill.scheduler.scheduler import Scheduler
+from tokenmill.spec_decode.draft_loader import load_draft_model
+from tokenmill.spec_decode.draft_model_proposer import DraftModelProposer
+from tokenmill.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger("tokenmill")
 
@@ -50,19 +53,50 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
                          max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
                          max_model_len=config.model.max_model_len, vocab_size=config.model.vocab_size,
                          device=platform.torch_device(), layer_kernels=build.layer_kernels)
+    speculative = config.speculative
+    if speculative is not None and encoder:
+        raise ValueError(f"{config.model.architecture} embeds sequences and generates nothing: speculative "
+                         f"decoding does not apply")
     if not encoder:
         _attach_graphs(config, runner)
+    if speculative is not None:
+        runner.proposer = _proposer(config, runner, attention.backend_cls)
+    num_speculative_tokens = speculative.num_speculative_tokens if speculative is not None else 0
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=config.model.max_model_len, block_size=config.cache.block_size,
         num_blocks=num_blocks, enable_prefix_caching=config.cache.enable_prefix_caching,
-        enable_chunked_prefill=config.enable_chunked_prefill, policy=config.scheduling_policy))
+        enable_chunked_prefill=config.enable_chunked_prefill, policy=config.scheduling_policy,
+        num_lookahead_tokens=num_speculative_tokens))
     hooks = build_plugin_manager(discover()).hook
     hooks.on_engine_start(engine_info={
         "platform": platform.name, "device": str(platform.torch_device()), "model": config.model.path,
         "dtype": config.model.dtype, "kv_cache_blocks": num_blocks, "block_size": config.cache.block_size})
     return EngineCore(scheduler, runner, on_request_finished=hooks.on_request_finished,
-                      on_stop=hooks.on_engine_stop)
+                      on_stop=hooks.on_engine_stop, num_speculative_tokens=num_speculative_tokens)
+
+
+def _proposer(config: EngineConfig, runner: ModelRunner, attention_backend: type) -> NgramProposer | DraftModelProposer:
+    """The drafter ``config.speculative`` asks for; a draft model gets decode graphs where the target has them."""
+    spec = config.speculative
+    if spec.method == "ngram":
+        return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    platform = config.selection.platform_instance
+    draft = load_draft_model(spec, platform, target=runner.model, target_path=config.model.path,
+                             dtype=config.model.dtype, block_size=config.cache.block_size,
+                             kv_cache_dtype=config.cache.kv_cache_dtype, attention_backend=attention_backend)
+    proposer = DraftModelProposer(draft, runner.backend, runner.kv_caches,
+                                  num_speculative_tokens=spec.num_speculative_tokens, max_num_seqs=config.max_num_seqs,
+                                  max_blocks_per_seq=runner.inputs.max_blocks_per_seq,
+                                  block_size=config.cache.block_size, device=runner.device)
+    if runner.decode_graphs is not None:
+        graphs = DecodeGraphRunner(draft, runner.backend, runner.kv_caches, max_num_seqs=runner.decode_graphs.buckets[-1],
+                                   max_blocks_per_seq=runner.inputs.max_blocks_per_seq,
+                                   block_size=config.cache.block_size, device=runner.device,
+                                   new_graph=config.selection.platform_instance.create_graph)
+        if graphs.capture():
+            proposer.graphs = graphs
+    return proposer
 
 
 def _profiled_num_blocks(config: EngineConfig, model: Any, backend: Any) -> int:

@@ -13,14 +13,17 @@ from tokenmill.engine.messages import EngineCoreOutput, EngineCoreOutputs, Engin
 from tokenmill.request import Request, RequestStatus
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.scheduler.scheduler import Scheduler
+from tokenmill.spec_decode.proposer import DraftSlot
 
 
 class EngineCore:
     """Owns the scheduler and the model runner; ``step`` is one iteration of the engine loop."""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, on_request_finished=None, on_stop=None) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, on_request_finished=None, on_stop=None,
+                 num_speculative_tokens: int = 0) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        self.num_speculative_tokens = num_speculative_tokens  # drafts proposed per request and step (0: off)
         self._on_request_finished = on_request_finished
         self._on_stop = on_stop
         self._pending: list[EngineCoreOutput] = []  # results of aborts, sent with the next step
@@ -53,7 +56,10 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
             result = self.runner.execute(scheduler_output)
-            for update in self.scheduler.update(scheduler_output, result.sampled_token_ids):
+            updates = self.scheduler.update(scheduler_output, result.sampled_token_ids)
+            if self.num_speculative_tokens:
+                self._propose([u.request for u in updates if not u.finished])
+            for update in updates:
                 request = update.request
                 request_id = request.request_id
                 logprobs = result.logprobs.get(request_id)
@@ -73,6 +79,9 @@ class EngineCore:
                     outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=entries))
         stats = self.scheduler.stats()
         return EngineCoreOutputs(
+            spec_num_drafts=stats.spec_num_drafts,
+            spec_num_draft_tokens=stats.spec_num_draft_tokens,
+            spec_num_accepted_tokens=stats.spec_num_accepted_tokens,
             outputs=outputs,
             timestamp=time.time(),
             num_running=stats.num_running,
@@ -82,6 +91,17 @@ class EngineCore:
             prefix_cache_hits=stats.prefix_cache_hits,
             num_preemptions=stats.num_preemptions,
         )
+
+    def _propose(self, requests: list[Request]) -> None:
+        """Ask the runner's proposer for the next step's draft tokens of the requests that may speculate."""
+        slots = []
+        for request in requests:
+            budget = self.scheduler.draft_budget(request, self.num_speculative_tokens)
+            if budget:
+                block_ids = self.scheduler.kv_cache_manager.get_block_ids(request.request_id)
+                slots.append(DraftSlot(request, block_ids, budget))
+        for request_id, token_ids in self.runner.propose(slots).items():
+            self.scheduler.requests[request_id].spec_token_ids = token_ids
 
     def _report_finished(self, request: Request) -> None:
         if self._on_request_finished is not None:

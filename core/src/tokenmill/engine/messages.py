@@ -66,3 +66,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    spec_num_drafts: int = 0  # speculative decoding totals since start
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0

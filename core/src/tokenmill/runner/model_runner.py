@@ -2,8 +2,10 @@
 
 Per step: flatten the scheduled requests (StepInputs), let the attention backend plan once, run
 the model, take the logits of the rows that sample, and sample (or, for greedy batches, ask the
-model for the argmax directly). The runner knows the platform only through its device, the
-attention backend and the layer kernels it was given.
+model for the argmax directly). Requests that fed draft tokens get the target's argmax at every
+draft and keep the tokens up to the first mismatch (``accept_greedy``); ``propose`` asks the
+speculative-decoding proposer, if any, for the next drafts. The runner knows the platform only
+through its device, the attention backend and the layer kernels it was given.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
 from tokenmill.sampling.sampler import Sampler, SamplerOutput
 from tokenmill.scheduler.output import SchedulerOutput
+from tokenmill.spec_decode.draft_model_proposer import greedy_token_ids
+from tokenmill.spec_decode.proposer import DraftSlot, Proposer
+from tokenmill.spec_decode.verification import accept_greedy
 
 
 @dataclass
@@ -62,6 +67,7 @@ class ModelRunner:
         self.sampler = Sampler(layer_kernels)
         self.decode_graphs: DecodeGraphRunner | None = None  # set (and captured) by the engine builder
         self.prefill_graphs: PrefillGraphRunner | None = None  # likewise
+        self.proposer: Proposer | None = None  # speculative decoding's drafter, set by the engine builder
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
@@ -96,7 +102,28 @@ class ModelRunner:
                 result.sampled_token_ids[request.request_id] = [token_id]
                 if logprobs is not None:
                     result.logprobs[request.request_id] = [logprobs]
+        if step.verify_requests:
+            self._verify(hidden, step, result)
         return result
+
+    def _verify(self, hidden: torch.Tensor, step: StepInputs, result: RunnerOutput) -> None:
+        """Replace each speculating request's single token (the target's choice after its last draft)
+        by the tokens ``accept_greedy`` keeps from its drafts."""
+        targets = greedy_token_ids(self.model, hidden.index_select(0, step.verify_rows))
+        start = 0
+        for scheduled in step.verify_requests:
+            count = scheduled.num_spec_tokens
+            request_id = scheduled.request_id
+            drafts = scheduled.token_ids[-count:]
+            result.sampled_token_ids[request_id] = accept_greedy(
+                drafts, [*targets[start: start + count], *result.sampled_token_ids[request_id]])
+            start += count
+
+    def propose(self, slots: list[DraftSlot]) -> dict[str, list[int]]:
+        """Draft tokens for the next step from the proposer (none without one)."""
+        if self.proposer is None or not slots:
+            return {}
+        return self.proposer.propose(slots)
 
     def _greedy(self, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput | None:
         """The tokens of a batch that only takes argmaxes (all greedy, no logprobs, no logits processors)

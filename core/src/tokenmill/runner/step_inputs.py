@@ -17,7 +17,9 @@ class StepInputs:
 
     ``sample_rows[i]`` is the row of the flat batch whose logits choose the next token of
     ``sample_requests[i]``; ``prompt_logprob_spans`` maps a request to the rows of its fed tokens
-    when it asked for prompt logprobs.
+    when it asked for prompt logprobs. ``verify_rows`` holds, request after request of
+    ``verify_requests``, the rows whose argmax checks each draft token (the rows of the tokens fed
+    before each draft; the row of the last draft is the request's ``sample_rows`` entry).
     """
 
     input_ids: torch.Tensor
@@ -26,6 +28,8 @@ class StepInputs:
     sample_rows: torch.Tensor
     sample_requests: list[ScheduledRequest]
     prompt_logprob_spans: dict[str, tuple[int, int]]
+    verify_rows: torch.Tensor | None = None
+    verify_requests: tuple[ScheduledRequest, ...] = ()
 
 
 class StepInputBuilder:
@@ -68,6 +72,12 @@ class StepInputBuilder:
         sample_requests = [s for s in scheduled if s.sample]
         sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i, s in enumerate(scheduled) if s.sample),
                                   dtype=np.int64, count=len(sample_requests))
+        verify_requests = tuple(s for s in scheduled if s.sample and s.num_spec_tokens)
+        verify_rows = None
+        if verify_requests:
+            ends = [query_start_loc[i + 1] - 1 for i, s in enumerate(scheduled) if s.sample and s.num_spec_tokens]
+            verify_rows = np.concatenate([np.arange(end - s.num_spec_tokens, end)
+                                          for end, s in zip(ends, verify_requests, strict=True)])
         prompt_logprob_spans = {
             s.request_id: (int(query_start_loc[i]), int(query_start_loc[i + 1]))
             for i, s in enumerate(scheduled)
@@ -98,4 +108,6 @@ class StepInputBuilder:
             sample_rows=to_device(sample_rows, torch.int64),
             sample_requests=sample_requests,
             prompt_logprob_spans=prompt_logprob_spans,
+            verify_rows=None if verify_rows is None else to_device(verify_rows, torch.int64),
+            verify_requests=verify_requests,
         )

@@ -14,7 +14,9 @@ class SchedulerConfig:
     ``num_blocks`` counts every block of the KV cache, including the reserved null block 0.
     ``policy`` "priority" serves lower ``priority`` values first, then earlier arrivals.
     ``long_prefill_token_threshold`` (0 = off, needs chunked prefill) caps the prefill tokens one
-    request gets per step, so long prompts do not crowd out the others.
+    request gets per step, so long prompts do not crowd out the others. ``num_lookahead_tokens``
+    (speculative decoding) reserves that many slots past each sampling chunk, where draft tokens
+    are written before the next step verifies them.
     """
 
     max_num_seqs: int = 64
@@ -26,6 +28,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
     long_prefill_token_threshold: int = 0
+    num_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -45,6 +48,7 @@ class SchedulerConfig:
             self.long_prefill_token_threshold >= 0,
             f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}",
         )
+        check(self.num_lookahead_tokens >= 0, f"num_lookahead_tokens must be >= 0, got {self.num_lookahead_tokens}")
         check(
             self.long_prefill_token_threshold == 0 or self.enable_chunked_prefill,
             "long_prefill_token_threshold splits prompts, so it needs enable_chunked_prefill=True",

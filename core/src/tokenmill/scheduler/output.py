@@ -16,7 +16,9 @@ class ScheduledRequest:
     The runner feeds ``token_ids`` at positions ``start_position ...`` and writes their K/V into the
     slots of ``block_ids`` (the request's whole block table). When ``sample`` is true this chunk
     reaches the end of the known tokens, so the runner samples the next token from the logits of
-    the last fed token.
+    the last fed token. The last ``num_spec_tokens`` of ``token_ids`` are draft tokens (speculative
+    decoding) to verify: the runner returns the target's tokens up to the first that differs from
+    them, plus one.
     """
 
     request: Request
@@ -24,6 +26,7 @@ class ScheduledRequest:
     start_position: int
     block_ids: list[int]
     sample: bool
+    num_spec_tokens: int = 0
 
     @property
     def request_id(self) -> str:

@@ -14,20 +14,25 @@ from tokenmill.scheduler.output import ScheduledRequest, SchedulerOutput
 from tokenmill.scheduler.queues import create_request_queue
 from tokenmill.scheduler.request_update import RequestUpdate
 from tokenmill.scheduler.stats import SchedulerStats
+from tokenmill.spec_decode.verification import can_speculate
 
 
 @dataclass
 class _StepPlan:
     budget: int
     num_scheduled: dict[Request, int] = field(default_factory=dict)  # insertion order is batch order
+    num_spec: dict[Request, int] = field(default_factory=dict)  # draft tokens among the scheduled ones
     preempted: set[str] = field(default_factory=set)
 
-    def add(self, request: Request, num_tokens: int) -> None:
+    def add(self, request: Request, num_tokens: int, num_spec: int = 0) -> None:
         self.num_scheduled[request] = num_tokens
         self.budget -= num_tokens
+        if num_spec:
+            self.num_spec[request] = num_spec
 
     def drop(self, request: Request) -> None:
         self.budget += self.num_scheduled.pop(request, 0)
+        self.num_spec.pop(request, None)
 
 
 class Scheduler:
@@ -38,6 +43,10 @@ class Scheduler:
     the lowest-priority / latest running request by recompute when blocks run out, and only then,
     if nothing was preempted, admits waiting requests with the budget left. The engine calls
     ``schedule()``, runs the model, then ``update()`` with the sampled tokens.
+
+    With speculative decoding a decoding request also feeds its ``spec_token_ids`` (draft tokens,
+    set by the engine after ``update()`` for the requests ``draft_budget`` allows), and ``update()``
+    keeps only the K/V of the tokens the model confirmed.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -49,6 +58,9 @@ class Scheduler:
         self.finished_request_ids: set[str] = set()  # since the last schedule()
         self.num_preemptions = 0
         self._fork_parents: dict[str, str] = {}
+        self.spec_num_drafts = 0
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
 
     @property
     def num_running(self) -> int:
@@ -115,7 +127,7 @@ class Scheduler:
         if not plan.preempted:
             self._schedule_waiting(plan)
         output = SchedulerOutput(
-            scheduled=[self._scheduled_request(r, n) for r, n in plan.num_scheduled.items()],
+            scheduled=[self._scheduled_request(r, n, plan.num_spec.get(r, 0)) for r, n in plan.num_scheduled.items()],
             preempted_request_ids=plan.preempted,
             finished_request_ids=self.finished_request_ids,
         )
@@ -126,7 +138,9 @@ class Scheduler:
         """Apply a finished step: advance computed tokens, cache full blocks, append sampled tokens,
         check stops and free finished requests. Returns one update per request that got tokens.
 
-        Requests that finished (aborted, stopped) after ``schedule()`` are skipped.
+        Requests that finished (aborted, stopped) after ``schedule()`` are skipped. A request that fed
+        ``k`` draft tokens gets up to ``k + 1`` tokens; the K/V of the drafts after the first rejected one
+        is forgotten (those slots are written again by the next step).
         """
         updates: list[RequestUpdate] = []
         any_finished = False
@@ -135,19 +149,30 @@ class Scheduler:
             request = scheduled.request
             if request.status != RequestStatus.RUNNING:
                 continue
-            request.num_computed_tokens += scheduled.num_tokens
-            self.kv_cache_manager.cache_blocks(request)
-            if not scheduled.sample:
-                continue
-            token_ids = sampled_token_ids.get(request.request_id)
-            if not token_ids:
+            request.spec_token_ids = []
+            token_ids = sampled_token_ids.get(request.request_id) if scheduled.sample else None
+            if scheduled.sample and not token_ids:
                 raise ValueError(f"request {request.request_id!r} was scheduled to sample but no token was sampled")
+            num_rejected = 0
+            if scheduled.num_spec_tokens:
+                num_accepted = min(len(token_ids) - 1, scheduled.num_spec_tokens)
+                num_rejected = scheduled.num_spec_tokens - num_accepted
+                self.spec_num_drafts += 1
+                self.spec_num_draft_tokens += scheduled.num_spec_tokens
+                self.spec_num_accepted_tokens += num_accepted
+            request.num_computed_tokens += scheduled.num_tokens - num_rejected
+            if not scheduled.sample:
+                self.kv_cache_manager.cache_blocks(request)
+                continue
             new_token_ids = []
             for token_id in token_ids:
                 request.append_output_token(token_id)
                 new_token_ids.append(token_id)
                 if request.check_stop(max_model_len):
                     break
+            # a stop among accepted drafts leaves K/V computed past the tokens kept
+            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+            self.kv_cache_manager.cache_blocks(request)
             if request.is_finished:
                 self._release(request)
                 any_finished = True
@@ -165,7 +190,23 @@ class Scheduler:
             prefix_cache_queries=prefix.queries,
             prefix_cache_hits=prefix.hits,
             num_preemptions=self.num_preemptions,
+            spec_num_drafts=self.spec_num_drafts,
+            spec_num_draft_tokens=self.spec_num_draft_tokens,
+            spec_num_accepted_tokens=self.spec_num_accepted_tokens,
         )
+
+    def draft_budget(self, request: Request, num_speculative_tokens: int) -> int:
+        """How many draft tokens are worth proposing for ``request`` now (0 when it cannot speculate):
+        it must be running and decoding, and its drafts must fit its ``max_tokens``, ``max_model_len``
+        and the KV slots it holds (positions ``num_tokens - 1`` on, where the drafter writes)."""
+        if request.status != RequestStatus.RUNNING or request.num_computed_tokens != request.num_tokens - 1 \
+                or not can_speculate(request):
+            return 0
+        budget = min(num_speculative_tokens, self.config.max_model_len - request.num_tokens - 1)
+        if request.max_tokens is not None:
+            budget = min(budget, request.max_tokens - request.num_output_tokens - 1)
+        num_slots = len(self.kv_cache_manager.get_block_ids(request.request_id)) * self.config.block_size
+        return max(0, min(budget, num_slots - request.num_computed_tokens))
 
     def reset_prefix_cache(self) -> int:
         """Forget all cached prefixes (running requests keep their blocks); returns how many blocks."""
@@ -176,8 +217,10 @@ class Scheduler:
         index = 0
         while index < len(running) and plan.budget > 0:
             request = running[index]
-            num_tokens = self._chunk_size(request.num_tokens - request.num_computed_tokens, plan.budget)
-            while not self.kv_cache_manager.allocate_slots(request, num_tokens):
+            num_new = request.num_tokens - request.num_computed_tokens
+            num_tokens = self._chunk_size(num_new + self._num_spec(request, num_new), plan.budget)
+            num_spec = max(0, num_tokens - num_new)
+            while not self._allocate(request, num_tokens, samples=num_tokens >= num_new):
                 victim_index = self._victim_index()
                 victim = running.pop(victim_index)
                 plan.drop(victim)
@@ -188,7 +231,7 @@ class Scheduler:
                 if victim_index < index:
                     index -= 1
             else:  # allocated (possibly after preempting others)
-                plan.add(request, num_tokens)
+                plan.add(request, num_tokens, num_spec)
                 index += 1
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -203,9 +246,10 @@ class Scheduler:
                 if num_tokens <= config.max_num_batched_tokens:
                     break  # waits for a step where it fits whole
                 # only a resumed request outgrows the budget: recomputing it in chunks is its only way back
-            num_tokens = self._chunk_size(num_tokens, plan.budget)
-            if not self.kv_cache_manager.allocate_slots(request, num_tokens, computed_blocks):
+            chunk = self._chunk_size(num_tokens, plan.budget)
+            if not self._allocate(request, chunk, chunk == num_tokens, computed_blocks):
                 break
+            num_tokens = chunk
             self.waiting.pop()
             request.num_computed_tokens = num_computed
             if request.status == RequestStatus.WAITING:
@@ -214,6 +258,21 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.add(request, num_tokens)
+
+    def _num_spec(self, request: Request, num_new: int) -> int:
+        """Draft tokens to verify this step: the request's proposals, for a decoding request."""
+        if num_new != 1 or not request.spec_token_ids:
+            return 0
+        return min(len(request.spec_token_ids), self.draft_budget(request, len(request.spec_token_ids)))
+
+    def _allocate(self, request: Request, num_tokens: int, samples: bool,
+                  computed_blocks: list[KVCacheBlock] | tuple = ()) -> bool:
+        """Slots for ``num_tokens``, and for the drafts of the next step after a sampling chunk when
+        speculating (without those when the cache is short: the request then decodes plainly)."""
+        manager, lookahead = self.kv_cache_manager, self.config.num_lookahead_tokens
+        if samples and lookahead and manager.allocate_slots(request, num_tokens + lookahead, computed_blocks):
+            return True
+        return manager.allocate_slots(request, num_tokens, computed_blocks)
 
     def _waits_for_fork_parent(self, request: Request) -> bool:
         """A fork waits while its running parent is still computing the prompt blocks it could share."""
@@ -248,6 +307,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.add_preempted(request)
@@ -258,14 +318,16 @@ class Scheduler:
         self._fork_parents.pop(request.request_id, None)
         self.finished_request_ids.add(request.request_id)
 
-    def _scheduled_request(self, request: Request, num_tokens: int) -> ScheduledRequest:
+    def _scheduled_request(self, request: Request, num_tokens: int, num_spec: int) -> ScheduledRequest:
         start = request.num_computed_tokens
+        known = num_tokens - num_spec
         return ScheduledRequest(
             request=request,
-            token_ids=request.all_token_ids[start : start + num_tokens],
+            token_ids=request.all_token_ids[start : start + known] + request.spec_token_ids[:num_spec],
             start_position=start,
             block_ids=list(self.kv_cache_manager.get_block_ids(request.request_id)),
-            sample=start + num_tokens == request.num_tokens,
+            sample=start + known == request.num_tokens,
+            num_spec_tokens=num_spec,
         )
 
     def _check_admissible(self, request: Request) -> None:
