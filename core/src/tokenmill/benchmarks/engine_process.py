@@ -74,6 +74,13 @@ def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any])
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": generated, "output_tok_s": generated / elapsed,
               "outputs": [o.outputs[0].token_ids for o in outputs], "linear_kernels": _linear_kernels(llm)}
+    stats = llm.engine.core.scheduler.stats()
+    if stats.spec_num_draft_tokens:  # speculative decoding: totals of the warm-up and the run
+        draft = getattr(llm.engine.core.runner.proposer, "model", None)
+        result["speculative"] = {"drafts": stats.spec_num_drafts, "draft_tokens": stats.spec_num_draft_tokens,
+                                 "accepted_tokens": stats.spec_num_accepted_tokens,
+                                 "acceptance_rate": stats.spec_acceptance_rate,
+                                 "draft_linear_kernels": _linear_kernels(draft) if draft is not None else []}
     if len(outputs) == 1:
         if outputs[0].metrics is not None:  # the run's own first token (first prefill of this length)
             metrics = outputs[0].metrics
@@ -95,9 +102,9 @@ def _time_first_tokens(first_token: Callable[[list[int]], Any], probes: list[lis
     return {"ttft_s": statistics.median(samples), "ttft_samples_s": samples}
 
 
-def _linear_kernels(llm: Any) -> list[str]:
+def _linear_kernels(llm_or_model: Any) -> list[str]:
     """The kernels the model's linear layers run (e.g. ``onednn-linear``, ``gguf-packed-cpu``)."""
-    model = llm.engine.core.runner.model
+    model = llm_or_model.engine.core.runner.model if hasattr(llm_or_model, "engine") else llm_or_model
     return sorted({kernel.name for module in model.modules() if (kernel := getattr(module, "kernel", None)) is not None
                    and hasattr(kernel, "name")})
 

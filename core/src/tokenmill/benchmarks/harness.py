@@ -130,5 +130,9 @@ def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios:
             line += f"  identical {agree['identical']}/{agree['total']}"
         if result.get("linear_kernels"):
             line += f"  [{', '.join(result['linear_kernels'])}]"
+        if "speculative" in result:
+            spec = result["speculative"]
+            line += (f"  speculative: {spec['accepted_tokens']}/{spec['draft_tokens']} drafts accepted"
+                     f"{' [draft: ' + ', '.join(spec['draft_linear_kernels']) + ']' if spec['draft_linear_kernels'] else ''}")
         lines.append(line)
     return "\n".join(lines)

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         slim = {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()}
         with open(args.output, "w") as f:
-            json.dump({"workload": {k: v for k, v in workload.items() if k != "prompts"},
+            json.dump({"workload": {k: v for k, v in workload.items() if k != "prompts"}, "engine_args": overrides,
                        "prompt_lengths": [len(p) for p in workload["prompts"]],
                        "results": slim, "ratios": ratios}, f, indent=2)
     return 1 if any("error" in r for r in results.values()) else 0
