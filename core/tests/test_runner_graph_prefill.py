@@ -269,3 +269,22 @@ def test_a_backend_without_prefill_plans_turns_them_off(tiny_llama, caplog):
     assert "prefill graphs off: attention backend reference cannot replay a prefill plan" in caplog.text
     assert AttentionCapabilities().prefill_graph_capture is False
     assert PlatformCapabilities(dtypes=("float32",)).prefill_graph_max_tokens == 0
+
+
+def test_deferred_buckets_run_eagerly_until_captured_while_idle(tiny_llama, caplog):
+    replays: list[int] = []
+    plain, graphed = make_runner(tiny_llama), make_runner(tiny_llama)
+    graphs = attach(graphed, lambda: LoggingGraph(replays))
+    with caplog.at_level("INFO", logger="tokenmill"):
+        assert graphs.capture(defer=True)
+    assert set(graphs.graphs) == {24} and graphs.pending == [16, 8]
+    assert "2 smaller ones follow while the engine is idle" in caplog.text
+    replays.clear()
+    assert serve_one_by_one(plain, graphed, [prompt(6, 41), prompt(20, 43)]) == [6, 20]
+    assert [r for r in replays if r > 1] == [24]  # the 6-token prefill ran eagerly: its bucket waits
+    assert graphed.capture_next_graph() is True and set(graphs.graphs) == {16, 24}
+    assert graphed.capture_next_graph() is False and set(graphs.graphs) == {8, 16, 24} and not graphs.pending
+    assert graphed.capture_next_graph() is False
+    replays.clear()
+    assert serve_one_by_one(plain, graphed, [prompt(6, 45)]) == [6]
+    assert [r for r in replays if r > 1] == [8]

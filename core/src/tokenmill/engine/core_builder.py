@@ -26,8 +26,10 @@ from tokenmill.spec_decode.ngram_proposer import NgramProposer
 logger = logging.getLogger("tokenmill")
 
 
-def build_engine_core(config: EngineConfig) -> EngineCore:
-    """Load the model on the selected platform, allocate the KV cache, and wire the scheduler."""
+def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -> EngineCore:
+    """Load the model on the selected platform, allocate the KV cache, and wire the scheduler. With
+    ``defer_graph_capture`` (a server, which answers sooner) only the largest prefill graph is captured
+    now; the caller captures the rest while idle (``ModelRunner.capture_next_graph``)."""
     selection = config.selection
     platform = selection.platform_instance
     if config.num_threads:
@@ -58,7 +60,7 @@ def build_engine_core(config: EngineConfig) -> EngineCore:
         raise ValueError(f"{config.model.architecture} embeds sequences and generates nothing: speculative "
                          f"decoding does not apply")
     if not encoder:
-        _attach_graphs(config, runner)
+        _attach_graphs(config, runner, defer_graph_capture)
     if speculative is not None:
         runner.proposer = _proposer(config, runner, attention.backend_cls)
     num_speculative_tokens = speculative.num_speculative_tokens if speculative is not None else 0
@@ -115,7 +117,7 @@ def _profiled_num_blocks(config: EngineConfig, model: Any, backend: Any) -> int:
     return sizing.num_blocks
 
 
-def _attach_graphs(config: EngineConfig, runner: ModelRunner) -> None:
+def _attach_graphs(config: EngineConfig, runner: ModelRunner, defer: bool = False) -> None:
     """Capture decode graphs, and prefill graphs where the platform offers them, when the platform and
     attention backend allow it and enforce_eager is off. The largest prefill graph goes first: on a
     platform whose graphs share memory it is the largest forward, so the others fit in its memory."""
@@ -131,7 +133,7 @@ def _attach_graphs(config: EngineConfig, runner: ModelRunner) -> None:
             runner.model, runner.backend, runner.kv_caches, max_tokens=max_tokens,
             max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=config.cache.block_size,
             device=runner.device, new_graph=new_graph)
-        if not runner.prefill_graphs.capture():
+        if not runner.prefill_graphs.capture(defer=defer):
             runner.prefill_graphs = None
     largest = min(config.max_num_seqs, platform.capabilities.graph_max_batch or config.max_num_seqs)
     runner.decode_graphs = DecodeGraphRunner(

@@ -174,7 +174,8 @@ class _EmbedJob:
 
 class EngineCoreProc:
     """The busy loop: take every queued message, run one step while there is work (and one
-    embedding forward while embeddings wait), send the outputs."""
+    embedding forward while embeddings wait), send the outputs. With nothing to do it captures the
+    graphs the builder deferred, one per turn, checking for messages between them."""
 
     def __init__(self, core: Any, config: Any, requests: zmq.Socket, outputs: zmq.Socket) -> None:
         self.core = core
@@ -190,8 +191,12 @@ class EngineCoreProc:
         self._embedder: Any = None
 
     def run(self) -> None:
+        captures_left = True  # graphs the builder left for idle time
         while self._running:
             busy = self.core.has_unfinished_requests() or bool(self._embeds)
+            if not busy and captures_left and not self._poller.poll(0):
+                captures_left = self.core.runner.capture_next_graph()
+                continue
             if self._poller.poll(0 if busy else _IDLE_POLL_MS):
                 self._drain_requests()
             if self._running and self._embeds:
@@ -298,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
         config = resolve_config(EngineArgs.from_kwargs(**json.loads(sys.stdin.read())))
         logger.info("engine configuration:\n%s", config.render_report())
-        core = build_engine_core(config)
+        core = build_engine_core(config, defer_graph_capture=True)
         outputs.send_multipart([READY, encoder.encode(ready_message(config, core.runner.model, core.scheduler.config.num_blocks))])
         EngineCoreProc(core, config, requests, outputs).run()
         return 0

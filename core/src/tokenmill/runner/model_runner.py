@@ -144,6 +144,11 @@ class ModelRunner:
             return self.prefill_graphs.run(step)
         return None
 
+    def capture_next_graph(self) -> bool:
+        """Capture one graph left for idle time (see ``PrefillGraphRunner.capture_next``); returns
+        whether more remain."""
+        return self.prefill_graphs is not None and self.prefill_graphs.capture_next()
+
     def kv_cache_usage_bytes(self) -> int:
         return sum(c.numel() * c.element_size() for c in self.kv_caches)
 

@@ -15,7 +15,9 @@ captured on a dummy split (``B - 2`` tokens and 2 of padding), so its frozen att
 the backend makes for any split (``AttentionCapabilities.prefill_graph_capture``). Every bucket
 is captured while the engine starts, largest first (on platforms whose graphs share memory it sizes
 that memory for the rest), so no request waits on a capture; a bucket whose capture is declined runs
-eagerly. When the largest declines but the smallest captures (a kernel that leaves native code above
+eagerly. A server defers all but the largest (``capture(defer=True)``) and captures the others one at
+a time while it has nothing to do (``capture_next``), so it answers sooner; until then those lengths
+run eagerly. When the largest declines but the smallest captures (a kernel that leaves native code above
 some number of tokens, like the GGUF CPU kernel's GEMM route for long prefills), a bisection finds
 the largest bucket that captures.
 """
@@ -116,10 +118,12 @@ class PrefillGraphRunner(BucketGraphRunner):
                          new_graph=new_graph, padding_slot=padding_slot)
         self.buffers = PrefillBuffers(self.buckets[-1], max_blocks_per_seq, device)
         self.declined: dict[int, str] = {}  # bucket -> why its capture was declined (it runs eagerly)
+        self.pending: list[int] = []  # buckets left for capture_next(), largest first
 
     @torch.inference_mode()
-    def capture(self) -> bool:
-        """Capture every bucket, largest first; returns whether any graph was kept. Nothing is kept
+    def capture(self, defer: bool = False) -> bool:
+        """Capture every bucket, largest first (with ``defer``, only the largest that captures: the rest
+        wait in ``pending`` for ``capture_next``); returns whether any graph was kept. Nothing is kept
         when the backend cannot replay a prefill plan, the smallest and the largest bucket both
         decline, or the device refuses to record (each logged). When only the largest declines (a
         kernel that leaves native code above some size), a bisection finds the largest bucket that
@@ -138,6 +142,11 @@ class PrefillGraphRunner(BucketGraphRunner):
                 top = self._largest_capturing(0, top)
                 for bucket in buckets[top + 1:]:
                     self.declined.setdefault(bucket, f"larger than {buckets[top]} tokens, the largest that captures")
+            if defer:
+                self.pending = [b for b in reversed(buckets[:top + 1]) if b not in self.graphs and b not in self.declined]
+                logger.info("captured the prefill graph for %d tokens in %.2f s; %d smaller ones follow while the "
+                            "engine is idle", buckets[top], time.perf_counter() - started, len(self.pending))
+                return True
             for bucket in reversed(buckets[:top + 1]):
                 if bucket not in self.graphs and bucket not in self.declined and not self._try_capture(bucket):
                     logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, self.declined[bucket])
@@ -148,6 +157,24 @@ class PrefillGraphRunner(BucketGraphRunner):
         logger.info("captured prefill graphs for one request's chunks of %s tokens in %.2f s", list(sorted(self.graphs)),
                     time.perf_counter() - started)
         return True
+
+    @torch.inference_mode()
+    def capture_next(self) -> bool:
+        """Capture the largest pending bucket; returns whether any remain. A device that refuses to
+        record drops every prefill graph (logged), as at start."""
+        if not self.pending:
+            return False
+        bucket = self.pending.pop(0)
+        try:
+            if not self._try_capture(bucket):
+                logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, self.declined[bucket])
+        except _RecordingRefused as error:
+            self.graphs.clear()
+            self.pending.clear()
+            logger.warning("prefill graphs off: %s", error)
+        if not self.pending:
+            logger.info("captured prefill graphs for one request's chunks of %s tokens", list(sorted(self.graphs)))
+        return bool(self.pending)
 
     def _largest_capturing(self, captured: int, declined: int) -> int:
         """The index of the largest bucket that captures between bucket indices ``captured`` (one that
