@@ -24,6 +24,7 @@ class EngineCore:
         self.scheduler = scheduler
         self.runner = runner
         self.num_speculative_tokens = num_speculative_tokens  # drafts proposed per request and step (0: off)
+        self._to_propose: list[Request] = []  # requests that got tokens last step: draft for them next
         self._on_request_finished = on_request_finished
         self._on_stop = on_stop
         self._pending: list[EngineCoreOutput] = []  # results of aborts, sent with the next step
@@ -53,12 +54,15 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Schedule one step, run the model on it, apply the sampled tokens; return what changed."""
         outputs, self._pending = self._pending, []
+        if self._to_propose:  # drafted here, not after last step's update, so its tokens went out first
+            self._propose(self._to_propose)
+            self._to_propose = []
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
             result = self.runner.execute(scheduler_output)
             updates = self.scheduler.update(scheduler_output, result.sampled_token_ids)
             if self.num_speculative_tokens:
-                self._propose([u.request for u in updates if not u.finished])
+                self._to_propose = [u.request for u in updates if not u.finished]
             for update in updates:
                 request = update.request
                 request_id = request.request_id
