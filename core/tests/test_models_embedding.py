@@ -4,31 +4,16 @@ the OpenAI-shaped ``embed_for_api`` (float and base64), and all-MiniLM-L6-v2 aga
 sentence-transformers on a fixed sentence set (slow)."""
 
 import base64
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
+import hf_parity as parity
 import numpy as np
 import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, BertConfig, Qwen2Config
 
 from tokenmill.layers.pooling import PoolingConfig, pool
-
-
-def _load(name):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
-    if name not in sys.modules:
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-parity = _load("hf_parity")
 
 VOCAB = 120
 

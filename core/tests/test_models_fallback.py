@@ -3,27 +3,12 @@ transformers modeling code with tokenmill's paged attention — logits against H
 harness, greedy output through LLM in a continuously batched mix of prefills and decodes against
 HF's own argmax loop, the resolution log line, and the step-context guard."""
 
-import importlib.util
 import logging
-import sys
-from pathlib import Path
 
+import hf_parity as parity
 import pytest
 import torch
 from transformers import GPT2Config, OPTConfig
-
-
-def _load(name):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
-    if name not in sys.modules:
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-parity = _load("hf_parity")
 
 VOCAB = 160
 CONFIGS = {

@@ -2,26 +2,10 @@
 tiny random-weight models whose sliding-window layers are shorter than the sequences, with
 attention and final logits soft-capping, Gemma 3's q/k norms and per-layer-type rope bases."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import hf_parity as parity
 import pytest
 import torch
 from transformers import Gemma2Config, Gemma3TextConfig
-
-
-def _load(name):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
-    if name not in sys.modules:
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-parity = _load("hf_parity")
 
 COMMON = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
               head_dim=16, max_position_embeddings=256, initializer_range=0.15, rms_norm_eps=1e-6,

@@ -3,10 +3,9 @@ fp32 output token for token against transformers' own GGUF loading on 8 prompts 
 must be a proven near-tie), coherent text through ``tokenmill generate``, and chat through the
 built-in Gemma template (the file has none)."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
+import hf_parity as parity
 import pytest
 import torch
 
@@ -23,19 +22,6 @@ PROMPTS = [
     "My favourite recipe for pancakes starts with",
     "The theory of relativity explains",
 ]
-
-
-def _load(name):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
-    if name not in sys.modules:
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-parity = _load("hf_parity")
 
 
 @pytest.fixture(scope="module")

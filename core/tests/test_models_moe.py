@@ -2,28 +2,12 @@
 steps), and FusedMoE against a per-token reference: routing, renormalisation, shared experts,
 dense layers among sparse ones, stacked-checkpoint loading."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import hf_parity as parity
 import pytest
 import torch
 from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 from tokenmill.layers.moe import FusedMoE, route
-
-
-def _load(name):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
-    if name not in sys.modules:
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-parity = _load("hf_parity")
 
 COMMON = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=256, initializer_range=0.15, rms_norm_eps=1e-5, num_experts_per_tok=2)

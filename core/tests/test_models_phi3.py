@@ -1,26 +1,10 @@
 """Phi-3 against Hugging Face transformers: fused qkv_proj / gate_up_proj checkpoints, partial
 rotary, a sliding window shorter than the sequences, and LongRoPE within the original context."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import hf_parity as parity
 import pytest
 import torch
 from transformers import Phi3Config
-
-
-def _load(name):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
-    if name not in sys.modules:
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-parity = _load("hf_parity")
 
 COMMON = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
               initializer_range=0.15, rms_norm_eps=1e-5, num_hidden_layers=2, pad_token_id=0)

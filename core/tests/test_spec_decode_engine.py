@@ -2,10 +2,7 @@
 target's own checkpoint, and another model that disagrees often) and ngram give exactly the tokens
 plain decoding gives, next to requests that cannot speculate; bad configurations are refused clearly."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import hf_parity as parity
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -13,19 +10,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from tokenmill import LLM, SamplingParams
 from tokenmill.spec_decode.config import SpeculativeConfig
 from tokenmill.spec_decode.ngram_proposer import NgramProposer
-
-
-def _load(name):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
-    if name not in sys.modules:
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-parity = _load("hf_parity")
 
 
 def save_llama(path, seed: int, **changes) -> str:
