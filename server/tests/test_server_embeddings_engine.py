@@ -118,7 +118,7 @@ def test_core_loop_embeds_refuses_generation_and_drops_aborted_requests(bert_con
     _send(to_engine, wire.EMBED, EngineCoreEmbedRequest("dropped", [[1, 2, 3]]))
     _send(to_engine, wire.ABORT, ["dropped"])
     _send(to_engine, wire.EMBED, EngineCoreEmbedRequest("batch", prompts))
-    _send(to_engine, wire.ADD, EngineCoreRequest("gen", [5, 6], SamplingParams(max_tokens=2)))
+    _send(to_engine, wire.ADD, [EngineCoreRequest("gen", [5, 6], SamplingParams(max_tokens=2))])
     _send(to_engine, wire.EMBED, EngineCoreEmbedRequest("empty", [[4], []]))
     loop = EngineCoreProc(core, bert_config, engine_in, engine_out)
     thread = threading.Thread(target=loop.run, name="engine-core-test")

@@ -190,11 +190,12 @@ class AsyncLLM:
         self._num_sequences += len(engine_ids)
         first = engine_ids[0] if len(engine_ids) > 1 else None
         eos = list(self.inputs.eos_token_ids)
-        for engine_id, child_params in engine_requests:
+        for engine_id, _ in engine_requests:
             self._parents[engine_id] = request_id
-            self.client.add_request(EngineCoreRequest(
-                engine_id, prompt_token_ids, child_params, eos_token_ids=eos, arrival_time=arrival, priority=priority,
-                cache_salt=cache_salt, fork_of=first if engine_id != first else None))
+        self.client.add_requests([
+            EngineCoreRequest(engine_id, prompt_token_ids, child_params, eos_token_ids=eos, arrival_time=arrival,
+                              priority=priority, cache_salt=cache_salt, fork_of=first if engine_id != first else None)
+            for engine_id, child_params in engine_requests])
         return tracked
 
     def check_admission(self, num_sequences: int) -> None:

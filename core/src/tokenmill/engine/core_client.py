@@ -115,8 +115,9 @@ class EngineCoreClient:
             if code is not None:
                 raise EngineDeadError(f"the engine process exited unexpectedly (exit code {code})")
 
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self._send(wire.ADD, request)
+    def add_requests(self, requests: list[EngineCoreRequest]) -> None:
+        """Queue requests in one message (the engine takes them in the same loop turn)."""
+        self._send(wire.ADD, requests)
 
     def embed(self, request: EngineCoreEmbedRequest) -> None:
         """Queue prompts to embed; the reply is an EngineCoreEmbeddings (or a refusal) from ``get_output``."""

@@ -4,7 +4,8 @@ Started by ``EngineCoreClient`` as ``python -m tokenmill.engine.core_process`` (
 interpreter, never multiprocessing: nothing is pickled). The parent writes the EngineArgs as JSON
 to stdin; every later message is a multipart ZMQ frame ``[kind, msgpack payload]``:
 
-- parent -> engine (PULL socket): ADD (EngineCoreRequest), EMBED (EngineCoreEmbedRequest),
+- parent -> engine (PULL socket): ADD (a list of EngineCoreRequest: the n samples of one prompt travel
+  together, so one step admits them all), EMBED (EngineCoreEmbedRequest),
   ABORT / FINISH (list of request ids), SHUTDOWN;
 - engine -> parent (PUSH socket): READY (EngineCoreReady, once the model is loaded), OUTPUTS
   (EngineCoreOutputs, one per step), EMBEDDINGS (EngineCoreEmbeddings), REJECTED
@@ -107,7 +108,7 @@ class EngineCoreFailure(msgspec.Struct):
 
 
 encoder = msgspec.msgpack.Encoder()
-request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+requests_decoder = msgspec.msgpack.Decoder(list[EngineCoreRequest])
 embed_request_decoder = msgspec.msgpack.Decoder(EngineCoreEmbedRequest)
 embeddings_decoder = msgspec.msgpack.Decoder(EngineCoreEmbeddings)
 ids_decoder = msgspec.msgpack.Decoder(list[str])
@@ -214,13 +215,13 @@ class EngineCoreProc:
 
     def _handle(self, kind: bytes, payload: bytes) -> None:
         if kind == ADD:
-            request = request_decoder.decode(payload)
-            try:
-                if not self._can_generate:
-                    raise ValueError(CANNOT_GENERATE)
-                self.core.add_request(request)
-            except ValueError as error:
-                self._reject(request.request_id, str(error))
+            for request in requests_decoder.decode(payload):
+                try:
+                    if not self._can_generate:
+                        raise ValueError(CANNOT_GENERATE)
+                    self.core.add_request(request)
+                except ValueError as error:
+                    self._reject(request.request_id, str(error))
         elif kind == EMBED:
             self._embeds.append(_EmbedJob(embed_request_decoder.decode(payload)))
         elif kind == ABORT:
