@@ -105,7 +105,8 @@ def test_bad_chat_max_tokens(tiny_server, value):
 
 
 def test_max_tokens_as_string_is_accepted(tiny_server):
-    assert completion(tiny_server, max_tokens="3").json()["usage"]["completion_tokens"] == 3
+    # ignore_eos: the tiny random model samples (temperature 1) and may draw its EOS within 3 tokens
+    assert completion(tiny_server, max_tokens="3", ignore_eos=True).json()["usage"]["completion_tokens"] == 3
 
 
 def test_echo_with_zero_max_tokens_scores_the_prompt(tiny_server):

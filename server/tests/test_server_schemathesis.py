@@ -30,7 +30,8 @@ def clamp(body):
     best_of, n = body.get("best_of"), body.get("n")
     if all(isinstance(v, int) and not isinstance(v, bool) for v in (best_of, n)):
         body["best_of"] = max(best_of, n)  # negative cases may put any type in either field
-    if isinstance(body.get("max_tokens"), int) and body.get("min_tokens", 0) > body["max_tokens"]:
+    min_tokens = body.get("min_tokens", 0)
+    if isinstance(body.get("max_tokens"), int) and isinstance(min_tokens, int) and min_tokens > body["max_tokens"]:
         body["min_tokens"] = 0
 
 
