@@ -142,17 +142,17 @@ class PrefillGraphRunner(BucketGraphRunner):
                 top = self._largest_capturing(0, top)
                 for bucket in buckets[top + 1:]:
                     self.declined.setdefault(bucket, f"larger than {buckets[top]} tokens, the largest that captures")
-            if defer:
-                self.pending = [b for b in reversed(buckets[:top + 1]) if b not in self.graphs and b not in self.declined]
-                logger.info("captured the prefill graph for %d tokens in %.2f s; %d smaller ones follow while the "
-                            "engine is idle", buckets[top], time.perf_counter() - started, len(self.pending))
-                return True
-            for bucket in reversed(buckets[:top + 1]):
-                if bucket not in self.graphs and bucket not in self.declined and not self._try_capture(bucket):
-                    logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, self.declined[bucket])
         except _RecordingRefused as error:
-            self.graphs.clear()
-            logger.warning("prefill graphs off: %s", error)
+            self._turn_off(error)
+            return False
+        self.pending = [b for b in reversed(buckets[:top + 1]) if b not in self.graphs and b not in self.declined]
+        if defer:
+            logger.info("captured the prefill graph for %d tokens in %.2f s; %d smaller ones follow while the "
+                        "engine is idle", buckets[top], time.perf_counter() - started, len(self.pending))
+            return True
+        while self.pending:
+            self._capture_pending()
+        if not self.graphs:  # the device refused to record a smaller bucket
             return False
         logger.info("captured prefill graphs for one request's chunks of %s tokens in %.2f s", list(sorted(self.graphs)),
                     time.perf_counter() - started)
@@ -164,17 +164,24 @@ class PrefillGraphRunner(BucketGraphRunner):
         record drops every prefill graph (logged), as at start."""
         if not self.pending:
             return False
+        self._capture_pending()
+        if not self.pending and self.graphs:
+            logger.info("captured prefill graphs for one request's chunks of %s tokens", list(sorted(self.graphs)))
+        return bool(self.pending)
+
+    def _capture_pending(self) -> None:
+        """Capture the first pending bucket (a decline is logged; a refusal turns prefill graphs off)."""
         bucket = self.pending.pop(0)
         try:
             if not self._try_capture(bucket):
                 logger.info("prefill graph for %d tokens declined, runs eagerly: %s", bucket, self.declined[bucket])
         except _RecordingRefused as error:
-            self.graphs.clear()
-            self.pending.clear()
-            logger.warning("prefill graphs off: %s", error)
-        if not self.pending:
-            logger.info("captured prefill graphs for one request's chunks of %s tokens", list(sorted(self.graphs)))
-        return bool(self.pending)
+            self._turn_off(error)
+
+    def _turn_off(self, error: Exception) -> None:
+        self.graphs.clear()
+        self.pending.clear()
+        logger.warning("prefill graphs off: %s", error)
 
     def _largest_capturing(self, captured: int, declined: int) -> int:
         """The index of the largest bucket that captures between bucket indices ``captured`` (one that
