@@ -27,9 +27,8 @@ from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
 from tokenmill.sampling.sampler import Sampler, SamplerOutput
 from tokenmill.scheduler.output import SchedulerOutput
-from tokenmill.spec_decode.draft_model_proposer import greedy_token_ids
 from tokenmill.spec_decode.proposer import DraftSlot, Proposer
-from tokenmill.spec_decode.verification import accept_greedy
+from tokenmill.spec_decode.verification import accept_greedy, greedy_token_ids
 
 
 @dataclass

@@ -21,16 +21,7 @@ from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder
 from tokenmill.scheduler.output import ScheduledRequest
 from tokenmill.spec_decode.proposer import DraftSlot
-
-
-def greedy_token_ids(model: nn.Module, hidden: torch.Tensor) -> list[int]:
-    """The argmax token of each row: through the model's ``greedy_token_ids`` when it answers, else
-    from its logits (ties go to the lowest token id either way)."""
-    answer = getattr(model, "greedy_token_ids", None)
-    token_ids = answer(hidden) if answer is not None else None
-    if token_ids is None:
-        token_ids = model.compute_logits(hidden).argmax(dim=-1)
-    return token_ids.tolist()
+from tokenmill.spec_decode.verification import greedy_token_ids
 
 
 class DraftModelProposer:
