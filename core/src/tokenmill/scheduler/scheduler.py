@@ -45,7 +45,7 @@ class Scheduler:
     ``schedule()``, runs the model, then ``update()`` with the sampled tokens.
 
     With speculative decoding a decoding request also feeds its ``spec_token_ids`` (draft tokens,
-    set by the engine after ``update()`` for the requests ``draft_budget`` allows), and ``update()``
+    set by the engine before ``schedule()`` for the requests ``draft_budget`` allows), and ``update()``
     keeps only the K/V of the tokens the model confirmed.
     """
 
@@ -150,28 +150,26 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue
             request.spec_token_ids = []
-            token_ids = sampled_token_ids.get(request.request_id) if scheduled.sample else None
-            if scheduled.sample and not token_ids:
-                raise ValueError(f"request {request.request_id!r} was scheduled to sample but no token was sampled")
-            num_rejected = 0
-            if scheduled.num_spec_tokens:
-                num_accepted = min(len(token_ids) - 1, scheduled.num_spec_tokens)
-                num_rejected = scheduled.num_spec_tokens - num_accepted
-                self.spec_num_drafts += 1
-                self.spec_num_draft_tokens += scheduled.num_spec_tokens
-                self.spec_num_accepted_tokens += num_accepted
-            request.num_computed_tokens += scheduled.num_tokens - num_rejected
             if not scheduled.sample:
+                request.num_computed_tokens += scheduled.num_tokens
                 self.kv_cache_manager.cache_blocks(request)
                 continue
+            token_ids = sampled_token_ids.get(request.request_id)
+            if not token_ids:
+                raise ValueError(f"request {request.request_id!r} was scheduled to sample but no token was sampled")
+            if scheduled.num_spec_tokens:
+                self.spec_num_drafts += 1
+                self.spec_num_draft_tokens += scheduled.num_spec_tokens
+                self.spec_num_accepted_tokens += min(len(token_ids) - 1, scheduled.num_spec_tokens)
             new_token_ids = []
             for token_id in token_ids:
                 request.append_output_token(token_id)
                 new_token_ids.append(token_id)
                 if request.check_stop(max_model_len):
                     break
-            # a stop among accepted drafts leaves K/V computed past the tokens kept
-            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+            # a sampling chunk ends the known tokens: every kept token but the newest has its K/V (drafts
+            # after the first rejected one, or after a stop, are forgotten)
+            request.num_computed_tokens = request.num_tokens - 1
             self.kv_cache_manager.cache_blocks(request)
             if request.is_finished:
                 self._release(request)
