@@ -73,7 +73,7 @@ def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any])
     elapsed = time.perf_counter() - started
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": generated, "output_tok_s": generated / elapsed,
-              "outputs": [o.outputs[0].token_ids for o in outputs], "linear_kernels": _linear_kernels(llm)}
+              "outputs": [o.outputs[0].token_ids for o in outputs], "linear_kernels": _linear_kernels(llm.engine.core.runner.model)}
     stats = llm.engine.core.scheduler.stats()
     if stats.spec_num_draft_tokens:  # speculative decoding: totals of the warm-up and the run
         draft = getattr(llm.engine.core.runner.proposer, "model", None)
@@ -102,9 +102,8 @@ def _time_first_tokens(first_token: Callable[[list[int]], Any], probes: list[lis
     return {"ttft_s": statistics.median(samples), "ttft_samples_s": samples}
 
 
-def _linear_kernels(llm_or_model: Any) -> list[str]:
+def _linear_kernels(model: Any) -> list[str]:
     """The kernels the model's linear layers run (e.g. ``onednn-linear``, ``gguf-packed-cpu``)."""
-    model = llm_or_model.engine.core.runner.model if hasattr(llm_or_model, "engine") else llm_or_model
     return sorted({kernel.name for module in model.modules() if (kernel := getattr(module, "kernel", None)) is not None
                    and hasattr(kernel, "name")})
 
