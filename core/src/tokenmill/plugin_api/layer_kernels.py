@@ -8,6 +8,8 @@ the platform's own (``small_batch_linear``). A platform returns a ``LayerKernels
 its result, or None when it does not handle these inputs (a dtype, a layout): core then runs its own
 PyTorch code, which is also the reference the kernels are tested against. Results must match that
 code up to rounding (the order of floating-point sums, the evaluation of functions such as exp).
+A platform may compute float32 matrix products at a bounded, documented lower precision (the CPU
+platform's bf16x3 on AMX) only if it logs that at startup and offers a switch back to float32.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ class LayerKernels:
         return None
 
     def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
-        """``x @ weight.T`` as a new [M, N] tensor for the few rows of a decode step, ``x`` [M, K] and
-        a float ``weight`` [N, K] (the layer's own, not a repacked copy); None above the row count
-        (or for the dtypes, layouts) where the platform's general matrix product is faster.
+        """``x @ weight.T`` as a new [M, N] tensor, ``x`` [M, K] and a float ``weight`` [N, K] (the layer's
+        own, not a repacked copy), typically for the few rows of a decode step; None for the row counts
+        (or the dtypes, layouts) where the platform's general matrix product is faster.
         Optional (plugin API 1.4); asked by core's oneDNN linear kernel before every call."""
         return None
 

@@ -28,6 +28,7 @@ from tokenmill.plugin_api import LayerKernels
 from tokenmill_cpu.greedy_head import GreedyHead, load_greedy_head
 from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
 from tokenmill_cpu.panel_matmul import PanelMatmul, load_panel_matmul
+from tokenmill_cpu.split_bf16_matmul import SplitBf16Matmul, load_split_bf16_matmul
 
 SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
 SMALL_BATCH_SOURCE = Path(__file__).parent / "kernels" / "small_batch_matmul.c"
@@ -70,7 +71,7 @@ def load_small_batch_matmul() -> Any:
 def layer_ops_unavailable() -> str | None:
     """Why the layer kernels cannot be built or loaded here, or None."""
     return (build_failure(load_layer_ops) or build_failure(load_small_batch_matmul) or build_failure(load_panel_matmul)
-            or build_failure(load_greedy_head))
+            or build_failure(load_greedy_head) or build_failure(load_split_bf16_matmul))
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
@@ -100,13 +101,17 @@ class CpuLayerKernels(LayerKernels):
 
     name = "cpu-layer-ops"
 
-    def __init__(self, bf16_estimates: bool = False) -> None:
+    def __init__(self, bf16_estimates: bool = False, split_bf16: bool = False) -> None:
         """``bf16_estimates``: the CPU multiplies bfloat16 natively, so ``greedy_lm_head`` may estimate
-        logits in bfloat16 (elsewhere it declines)."""
+        logits in bfloat16 (elsewhere it declines). ``split_bf16``: float32 products of more than
+        ``SMALL_BATCH_ROWS`` rows may run in bf16x3 on AMX (``SplitBf16Matmul``) where the CPU has it."""
         self._library = load_layer_ops()
         self._greedy_head = GreedyHead(bf16_estimates)
         self._small_batch_matmul = load_small_batch_matmul()
         self._panel_matmul = PanelMatmul()
+        self._split_matmul = SplitBf16Matmul() if split_bf16 else None
+        if self._split_matmul is not None and not self._split_matmul.offered:
+            self._split_matmul = None
         self._rms_norm, self._rotary, self._silu_and_mul = (by_dtype(self._library, name)
                                                             for name in ("rms_norm", "rotary", "silu_and_mul"))
 
@@ -178,10 +183,19 @@ class CpuLayerKernels(LayerKernels):
             raise IndexError(f"{refused} index(es) out of range for a table of {table.shape[0]} rows")
         return out
 
+    @property
+    def split_bf16(self) -> bool:
+        """Whether float32 products of more than ``SMALL_BATCH_ROWS`` rows run in bf16x3 on AMX."""
+        return self._split_matmul is not None
+
     def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
-        """``x @ weight.T`` for the rows of a decode step (float32, AVX-512 CPUs): up to
-        ``SMALL_BATCH_ROWS`` rows straight from the weight, up to ``PANEL_MAX_ROWS`` against its
-        packed panels; more rows, and other CPUs, go to oneDNN."""
+        """``x @ weight.T`` for float32 rows on AVX-512 CPUs: up to ``SMALL_BATCH_ROWS`` rows straight
+        from the weight; more rows in bf16x3 on AMX when ``split_bf16`` (at every row count: it beats
+        oneDNN's float32 product throughout), else up to ``PANEL_MAX_ROWS`` against packed panels;
+        the rest, and other CPUs, go to oneDNN."""
+        rows = x.shape[0] if x.dim() == 2 else 0
+        if self._split_matmul is not None and rows > SMALL_BATCH_ROWS and self._split_matmul.accepts(x, weight):
+            return self._split_matmul(x, weight)
         if not self._panel_matmul.accepts(x, weight):  # operands both kernels take, up to PANEL_MAX_ROWS rows
             return None
         rows, width = x.shape

@@ -111,12 +111,19 @@ class CpuPlatform(Platform):
         if os.environ.get(LAYER_KERNELS_ENV, "1") == "0":
             return None
         from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable  # imports torch
+        from tokenmill_cpu.split_bf16_matmul import PRECISION_ENV, fp32_matmul_precision
 
         reason = layer_ops_unavailable()
         if reason is not None:
             logger.warning("cpu platform: layer kernels unavailable, using PyTorch ops: %s", reason)
             return None
-        return CpuLayerKernels(bf16_estimates=has_native_bf16(self.capabilities.isa))
+        precision = fp32_matmul_precision()
+        kernels = CpuLayerKernels(bf16_estimates=has_native_bf16(self.capabilities.isa),
+                                  split_bf16=precision == "bf16x3")
+        if kernels.split_bf16:
+            logger.info("cpu platform: float32 matrix products of 3+ rows in bf16x3 on AMX (three bfloat16 "
+                        "products each, relative error ~2^-14); %s=ieee keeps float32 arithmetic", PRECISION_ENV)
+        return kernels
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and
