@@ -45,9 +45,6 @@ int64_t split_bf16_packed_size(int64_t N, int64_t K) { return 2 * padded(N, PAIR
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define TILE_ELEMENTS 512 /* bfloat16 elements of one 16 x 64-byte tile */
-#ifndef FETCH_AHEAD
-#define FETCH_AHEAD 4
-#endif
 #define ROW_BLOCK_BYTES (512 * 1024) /* the split rows of one block of rows stay in the L2 cache */
 
 typedef struct {
@@ -118,7 +115,7 @@ static int64_t scratch_elements;
 /* rows [r0, r0 + 16 * tiles_m) of the split x against column pair p: 32 x 32 of y per pass */
 static inline void pair_block(const uint16_t *xh, const uint16_t *xl, int64_t ldx, const uint16_t *tiles,
                               int64_t slices, int both_rows, float *y, int64_t ldy, int64_t rows, int64_t cols,
-                              const int fetch) {
+                              const char *fetch, int64_t fetch_lines) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -126,12 +123,14 @@ static inline void pair_block(const uint16_t *xh, const uint16_t *xl, int64_t ld
     const int64_t stride = ldx * 2;
     for (int64_t s = 0; s < slices; ++s) {
         const uint16_t *b = tiles + s * 4 * TILE_ELEMENTS;
-        if (fetch)
-            for (int64_t line = 0; line < 4 * TILE_ELEMENTS * 2; line += 64)
-                _mm_prefetch((const char *)(b + FETCH_AHEAD * 4 * TILE_ELEMENTS) + line, _MM_HINT_T1);
+        const int64_t first = fetch_lines * s / slices, quota = fetch_lines * (s + 1) / slices - first;
+#define FETCH(part)                                                                                            \
+    for (int64_t line = first + quota * (part) / 4; line < first + quota * ((part) + 1) / 4; ++line)         \
+        _mm_prefetch(fetch + 64 * line, _MM_HINT_T1)
         _tile_loadd(4, xh + s * DEPTH, stride);
         _tile_loadd(6, b, 64);
         _tile_loadd(7, b + 2 * TILE_ELEMENTS, 64);
+        FETCH(0);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         if (both_rows) {
@@ -139,6 +138,7 @@ static inline void pair_block(const uint16_t *xh, const uint16_t *xl, int64_t ld
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
+        FETCH(1);
         _tile_loadd(4, xl + s * DEPTH, stride); /* lo x with hi w */
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
@@ -147,17 +147,20 @@ static inline void pair_block(const uint16_t *xh, const uint16_t *xl, int64_t ld
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
+        FETCH(2);
         _tile_loadd(4, xh + s * DEPTH, stride); /* hi x with lo w */
         _tile_loadd(6, b + TILE_ELEMENTS, 64);
         _tile_loadd(7, b + 3 * TILE_ELEMENTS, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
+        FETCH(3);
         if (both_rows) {
             _tile_loadd(5, xh + 16 * ldx + s * DEPTH, stride);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
     }
+#undef FETCH
     if (rows >= 32 && cols >= PAIR_N) {
         _tile_stored(0, y, ldy * 4);
         _tile_stored(1, y + BLOCK_N, ldy * 4);
@@ -213,9 +216,13 @@ int split_bf16_matmul(const float *x, int64_t M, int64_t K, int64_t ldx, const u
             int64_t end;
             for (int64_t p; (p = ranges_claim(&ranges, &me, &end)) >= 0;) {
                 const uint16_t *tiles = packed + p * slices * 4 * TILE_ELEMENTS;
-                for (int64_t m = 0; m < rows; m += 32)
+                /* the passes over this pair spread prefetches of the thread's next pair (which follows it) */
+                const char *next = (const char *)(tiles + slices * 4 * TILE_ELEMENTS);
+                const int64_t lines = p + 1 < end ? slices * 4 * TILE_ELEMENTS * 2 / 64 : 0, passes = (rows + 31) / 32;
+                for (int64_t m = 0, pass = 0; m < rows; m += 32, ++pass)
                     pair_block(xh + (r0 + m) * ld, xl + (r0 + m) * ld, ld, tiles, slices, rows - m > 16,
-                               y + (r0 + m) * ldy + p * PAIR_N, ldy, rows - m, N - p * PAIR_N, m == 0);
+                               y + (r0 + m) * ldy + p * PAIR_N, ldy, rows - m, N - p * PAIR_N,
+                               next + 64 * (lines * pass / passes), lines * (pass + 1) / passes - lines * pass / passes);
             }
 #pragma omp barrier
         }
