@@ -127,37 +127,51 @@ static inline void pair_block(const uint16_t *xh, const uint16_t *xl, int64_t ld
 #define FETCH(part)                                                                                            \
     for (int64_t line = first + quota * (part) / 4; line < first + quota * ((part) + 1) / 4; ++line)         \
         _mm_prefetch(fetch + 64 * line, _MM_HINT_T1)
-        _tile_loadd(4, xh + s * DEPTH, stride);
-        _tile_loadd(6, b, 64);
-        _tile_loadd(7, b + 2 * TILE_ELEMENTS, 64);
-        FETCH(0);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (both_rows) {
-            _tile_loadd(5, xh + 16 * ldx + s * DEPTH, stride);
+        const uint16_t *xh0 = xh + s * DEPTH, *xl0 = xl + s * DEPTH;
+        if (both_rows) { /* each tile is loaded right after its last reader: the loads overlap the products */
+            _tile_loadd(4, xh0, stride);
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + 2 * TILE_ELEMENTS, 64);
+            _tile_loadd(5, xh0 + 16 * ldx, stride);
+            FETCH(0);
+            _tile_dpbf16ps(0, 4, 6); /* hi x, hi w */
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_loadd(6, b + TILE_ELEMENTS, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(7, b + 3 * TILE_ELEMENTS, 64);
+            FETCH(1);
+            _tile_dpbf16ps(0, 4, 6); /* hi x, lo w */
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(4, xl0, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_loadd(6, b, 64);
+            _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(5, xl0 + 16 * ldx, stride);
+            _tile_loadd(7, b + 2 * TILE_ELEMENTS, 64);
+            FETCH(2);
+            _tile_dpbf16ps(0, 4, 6); /* lo x, hi w */
+            _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
-        }
-        FETCH(1);
-        _tile_loadd(4, xl + s * DEPTH, stride); /* lo x with hi w */
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (both_rows) {
-            _tile_loadd(5, xl + 16 * ldx + s * DEPTH, stride);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-        FETCH(2);
-        _tile_loadd(4, xh + s * DEPTH, stride); /* hi x with lo w */
-        _tile_loadd(6, b + TILE_ELEMENTS, 64);
-        _tile_loadd(7, b + 3 * TILE_ELEMENTS, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        FETCH(3);
-        if (both_rows) {
-            _tile_loadd(5, xh + 16 * ldx + s * DEPTH, stride);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            FETCH(3);
+        } else {
+            _tile_loadd(4, xh0, stride);
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + 2 * TILE_ELEMENTS, 64);
+            _tile_loadd(5, xl0, stride);
+            FETCH(0);
+            _tile_dpbf16ps(0, 4, 6); /* hi x, hi w */
+            _tile_dpbf16ps(1, 4, 7);
+            FETCH(1);
+            _tile_dpbf16ps(0, 5, 6); /* lo x, hi w */
+            _tile_loadd(6, b + TILE_ELEMENTS, 64);
+            _tile_dpbf16ps(1, 5, 7);
+            _tile_loadd(7, b + 3 * TILE_ELEMENTS, 64);
+            FETCH(2);
+            _tile_dpbf16ps(0, 4, 6); /* hi x, lo w */
+            _tile_dpbf16ps(1, 4, 7);
+            FETCH(3);
         }
     }
 #undef FETCH
