@@ -45,6 +45,14 @@ def load_panel_matmul() -> ctypes.CDLL:
     return library
 
 
+def float32_matrices(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x`` [M, K] (M > 0) and ``weight`` [N, K] are float32 CPU matrices with unit inner strides,
+    the operands the native float32 products take."""
+    return (x.dtype is FLOAT32 and weight.dtype is FLOAT32 and x.dim() == 2 and weight.dim() == 2
+            and x.shape[0] > 0 and weight.shape[1] == x.shape[1] and x.stride(1) == 1 and weight.stride(1) == 1
+            and x.device.type == "cpu")
+
+
 class PanelMatmul:
     """``x @ weight.T`` for 1..PANEL_MAX_ROWS float32 rows, with each weight packed at its first use."""
 
@@ -54,10 +62,8 @@ class PanelMatmul:
         self._packed: WeightCopies[torch.Tensor] = WeightCopies(self._pack)
 
     def accepts(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether ``__call__`` takes these operands (float32, unit inner strides, the row count)."""
-        return (self.offered and x.dtype is FLOAT32 and weight.dtype is FLOAT32 and x.dim() == 2
-                and weight.dim() == 2 and 0 < x.shape[0] <= PANEL_MAX_ROWS and weight.shape[1] == x.shape[1]
-                and x.stride(1) == 1 and weight.stride(1) == 1 and x.device.type == "cpu")
+        """Whether ``__call__`` takes these operands (``float32_matrices``, up to ``PANEL_MAX_ROWS`` rows)."""
+        return self.offered and float32_matrices(x, weight) and x.shape[0] <= PANEL_MAX_ROWS
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T`` as a new [M, N] tensor (operands as ``accepts`` requires)."""

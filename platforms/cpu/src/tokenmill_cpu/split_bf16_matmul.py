@@ -25,6 +25,7 @@ import torch
 
 from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_native_library
+from tokenmill_cpu.panel_matmul import float32_matrices
 from tokenmill_cpu.weight_copies import WeightCopies
 
 SOURCE = Path(__file__).parent / "kernels" / "split_bf16_matmul.c"
@@ -65,10 +66,8 @@ class SplitBf16Matmul:
         self._packed: WeightCopies[torch.Tensor] = WeightCopies(self._pack)
 
     def accepts(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether ``__call__`` takes these operands (float32 CPU matrices with unit inner strides)."""
-        return (self.offered and x.dtype is FLOAT32 and weight.dtype is FLOAT32 and x.dim() == 2
-                and weight.dim() == 2 and x.shape[0] > 0 and weight.shape[1] == x.shape[1]
-                and x.stride(1) == 1 and weight.stride(1) == 1 and x.device.type == "cpu")
+        """Whether ``__call__`` takes these operands (``float32_matrices``, any row count)."""
+        return self.offered and float32_matrices(x, weight)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T`` as a new [M, N] tensor (operands as ``accepts`` requires)."""
