@@ -109,9 +109,8 @@ class CpuLayerKernels(LayerKernels):
         self._greedy_head = GreedyHead(bf16_estimates)
         self._small_batch_matmul = load_small_batch_matmul()
         self._panel_matmul = PanelMatmul()
-        self._split_matmul = SplitBf16Matmul() if split_bf16 else None
-        if self._split_matmul is not None and not self._split_matmul.offered:
-            self._split_matmul = None
+        split_matmul = SplitBf16Matmul() if split_bf16 else None
+        self._split_matmul = split_matmul if split_matmul is not None and split_matmul.offered else None
         self._rms_norm, self._rotary, self._silu_and_mul = (by_dtype(self._library, name)
                                                             for name in ("rms_norm", "rotary", "silu_and_mul"))
 
@@ -193,8 +192,7 @@ class CpuLayerKernels(LayerKernels):
         from the weight; more rows in bf16x3 on AMX when ``split_bf16`` (at every row count: it beats
         oneDNN's float32 product throughout), else up to ``PANEL_MAX_ROWS`` against packed panels;
         the rest, and other CPUs, go to oneDNN."""
-        rows = x.shape[0] if x.dim() == 2 else 0
-        if self._split_matmul is not None and rows > SMALL_BATCH_ROWS and self._split_matmul.accepts(x, weight):
+        if self._split_matmul is not None and self._split_matmul.accepts(x, weight) and x.shape[0] > SMALL_BATCH_ROWS:
             return self._split_matmul(x, weight)
         if not self._panel_matmul.accepts(x, weight):  # operands both kernels take, up to PANEL_MAX_ROWS rows
             return None

@@ -20,6 +20,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "lanes.h"
 #include "ranges.h"
 
 #define ROWS 8
@@ -81,10 +82,6 @@ BLOCK(1) BLOCK(2) BLOCK(3) BLOCK(4) BLOCK(5) BLOCK(6) BLOCK(7) BLOCK(8)
 typedef void (*block_fn)(const float *, int64_t, int64_t, const float *, float *, int64_t, const __mmask16 *, int,
                          const char *, int64_t);
 static const block_fn BLOCKS[ROWS] = {block_1, block_2, block_3, block_4, block_5, block_6, block_7, block_8};
-
-static inline __mmask16 lanes(int64_t valid) {
-    return valid >= 16 ? (__mmask16)0xFFFF : valid <= 0 ? (__mmask16)0 : (__mmask16)((1u << valid) - 1u);
-}
 
 static inline int64_t depth_chunk(int64_t k0, int64_t K) { return K - k0 < KC ? K - k0 : KC; }
 

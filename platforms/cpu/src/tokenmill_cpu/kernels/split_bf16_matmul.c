@@ -40,6 +40,7 @@ int64_t split_bf16_packed_size(int64_t N, int64_t K) { return 2 * padded(N, PAIR
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "lanes.h"
 #include "ranges.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -74,8 +75,7 @@ int split_bf16_matmul_offered(void) {
 
 /* hi and lo parts of 16 floats (lanes past `valid` are zero). */
 static inline void split16(const float *v, int64_t valid, uint16_t *hi, uint16_t *lo) {
-    const __mmask16 mask = valid >= 16 ? (__mmask16)0xFFFF : valid <= 0 ? (__mmask16)0 : (__mmask16)((1u << valid) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(mask, v);
+    const __m512 x = _mm512_maskz_loadu_ps(lanes(valid), v);
     const __m256bh h = _mm512_cvtneps_pbh(x);
     const __m512 rest = _mm512_sub_ps(x, _mm512_cvtpbh_ps(h));
     _mm256_storeu_si256((__m256i *)hi, (__m256i)h);
@@ -112,7 +112,8 @@ static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint16_t *scratch;
 static int64_t scratch_elements;
 
-/* rows [r0, r0 + 16 * tiles_m) of the split x against column pair p: 32 x 32 of y per pass */
+/* One pass: up to 32 rows of the split x (16 unless both_rows) against one column pair, into y (rows x
+ * cols of it valid), prefetching fetch_lines lines from fetch spread over the slices. */
 static inline void pair_block(const uint16_t *xh, const uint16_t *xl, int64_t ldx, const uint16_t *tiles,
                               int64_t slices, int both_rows, float *y, int64_t ldy, int64_t rows, int64_t cols,
                               const char *fetch, int64_t fetch_lines) {
