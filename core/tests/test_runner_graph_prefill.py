@@ -288,3 +288,15 @@ def test_deferred_buckets_run_eagerly_until_captured_while_idle(tiny_llama, capl
     replays.clear()
     assert serve_one_by_one(plain, graphed, [prompt(6, 45)]) == [6]
     assert [r for r in replays if r > 1] == [8]
+
+
+def test_idle_work_captures_the_deferred_graphs_then_backs_the_kv_cache(tiny_llama):
+    runner = make_runner(tiny_llama)
+    graphs = attach(runner, lambda: LoggingGraph([]))
+    assert graphs.capture(defer=True) and graphs.pending == [16, 8]
+    assert runner.kv_pages.backed == 0 or runner.kv_pages.done  # done at once where the kernel cannot back pages
+    turns = 0
+    while runner.work_while_idle():
+        turns += 1
+    assert not graphs.pending and runner.kv_pages.done and turns == 1  # 16, then 8 and the (small) cache
+    assert runner.work_while_idle() is False

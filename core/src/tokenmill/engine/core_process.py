@@ -192,11 +192,11 @@ class EngineCoreProc:
         self._embedder: Any = None
 
     def run(self) -> None:
-        captures_left = True  # graphs the builder left for idle time
+        idle_work_left = True  # graphs the builder left for idle time, KV cache pages not yet backed
         while self._running:
             busy = self.core.has_unfinished_requests() or bool(self._embeds)
-            if not busy and captures_left and not self._poller.poll(0):
-                captures_left = self.core.runner.capture_next_graph()
+            if not busy and idle_work_left and not self._poller.poll(0):
+                idle_work_left = self.core.runner.work_while_idle()
                 continue
             if self._poller.poll(0 if busy else _IDLE_POLL_MS):
                 self._drain_requests()

@@ -7,6 +7,7 @@ caller's process (LLM) or in its own process behind a ZMQ socket (the server).
 
 from __future__ import annotations
 
+import gc
 import time
 
 from tokenmill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -114,7 +115,9 @@ class EngineCore:
                                       num_output_tokens=request.num_output_tokens)
 
     def shutdown(self) -> None:
-        """Release the model's caches and tell plugins the engine stopped."""
+        """Release the model's caches, hand the objects frozen at build (``build_engine_core``) back to
+        the garbage collector, and tell plugins the engine stopped."""
         self.runner.shutdown()
+        gc.unfreeze()
         if self._on_stop is not None:
             self._on_stop()

@@ -10,6 +10,8 @@ through its device, the attention backend and the layer kernels it was given.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ from tokenmill.engine.messages import LogprobsEntry
 from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LayerKernels
 from tokenmill.runner.graph_runner import DecodeGraphRunner
+from tokenmill.runner.kv_cache_pages import IDLE_CHUNK_BYTES, STARTUP_BYTES, KvCachePages
 from tokenmill.runner.prefill_graphs import PrefillGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder, StepInputs
 from tokenmill.runner.zeroed_memory import zeroed_tensor
@@ -44,6 +47,17 @@ def kv_cache_bytes_per_block(specs: list[AttentionSpec], block_size: int, elemen
     """Bytes one block occupies across all layers (keys and values)."""
     return sum(2 * block_size * s.num_kv_heads * s.head_size * element_size for s in specs)
 
+logger = logging.getLogger(__name__)
+
+
+def _block_dim(backend: AttentionBackend, block_size: int, specs: list[AttentionSpec]) -> int:
+    """The dimension of the backend's cache shape that counts blocks (default layout: 1)."""
+    if not specs:
+        return 0
+    spec = specs[0]
+    one, two = (backend.kv_cache_shape(n, block_size, spec.num_kv_heads, spec.head_size) for n in (1, 2))
+    return next((d for d, (a, b) in enumerate(zip(one, two, strict=True)) if a != b), 0)
+
 
 class ModelRunner:
     """Holds the loaded model, the KV caches and the sampler; ``execute`` runs one step."""
@@ -61,6 +75,7 @@ class ModelRunner:
                           dtype=backend.kv_cache_torch_dtype(s), device=device)
             for s in self.specs
         ]
+        self.kv_pages = KvCachePages(self.kv_caches, _block_dim(backend, block_size, self.specs), num_blocks)
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
         self.sampler = Sampler(layer_kernels)
@@ -147,6 +162,20 @@ class ModelRunner:
         """Capture one graph left for idle time (see ``PrefillGraphRunner.capture_next``); returns
         whether more remain."""
         return self.prefill_graphs is not None and self.prefill_graphs.capture_next()
+
+    def back_kv_cache(self, num_bytes: int = STARTUP_BYTES) -> None:
+        """Back the first ``num_bytes`` of KV cache blocks now (``KvCachePages``), logging the time taken."""
+        started = time.perf_counter()
+        if backed := self.kv_pages.back(num_bytes):
+            logger.info("backed the first %d MiB of the KV cache in %.2f s", backed >> 20, time.perf_counter() - started)
+
+    def work_while_idle(self) -> bool:
+        """One short piece of deferred work: a graph left for idle time, else the next KV cache
+        pages (``KvCachePages``); returns whether more remains."""
+        if self.capture_next_graph():
+            return True
+        self.kv_pages.back(IDLE_CHUNK_BYTES)
+        return not self.kv_pages.done
 
     def kv_cache_usage_bytes(self) -> int:
         return sum(c.numel() * c.element_size() for c in self.kv_caches)

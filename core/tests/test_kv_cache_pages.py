@@ -1,0 +1,74 @@
+"""KvCachePages: blocks backed ahead of their first writes, contents untouched, in block order."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import pytest
+import torch
+
+from tokenmill.plugin_api import AttentionBackend
+from tokenmill.runner.kv_cache_pages import KvCachePages
+from tokenmill.runner.model_runner import _block_dim
+from tokenmill.runner.zeroed_memory import zeroed_tensor
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+BLOCKS, BLOCK_SIZE, HEADS, HEAD = 64, 16, 4, 256  # 64 KiB per block and half (keys or values)
+
+
+def _faults_writing(tensor: torch.Tensor) -> int:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensor.fill_(1.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def _caches(layers: int = 2) -> list[torch.Tensor]:
+    return [zeroed_tensor((2, BLOCKS, BLOCK_SIZE, HEADS, HEAD), torch.float32, "cpu") for _ in range(layers)]
+
+
+@linux
+def test_backed_blocks_take_no_page_faults_when_written_and_the_rest_still_do():
+    caches = _caches()
+    pages = KvCachePages(caches, block_dim=1, num_blocks=BLOCKS)
+    backed = pages.back(2 * 2 * 16 * 64 * 1024)  # 16 blocks of both layers' keys and values
+    if pages.done:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+    assert backed == 2 * 2 * 16 * 64 * 1024 and pages.backed == 16
+    assert _faults_writing(caches[0][:, :16]) + _faults_writing(caches[1][:, :16]) < 64  # 1024 pages unbacked
+    assert _faults_writing(caches[1][:, 16:32]) >= 400  # 2 x 16 blocks of 16 pages each
+
+
+@linux
+def test_backing_keeps_what_the_blocks_hold_and_goes_on_from_where_it_stopped():
+    caches = _caches(1)
+    caches[0][1, 3].fill_(7.0)
+    pages = KvCachePages(caches, block_dim=1, num_blocks=BLOCKS)
+    steps = []
+    while not pages.done:
+        steps.append(pages.back(40 * 64 * 1024))  # 20 blocks of keys and values
+    assert pages.backed == BLOCKS and pages.back(1 << 20) == 0
+    assert len(steps) in (1, 4)  # 1: the kernel refused, nothing backed; else 20, 20, 20, 4 blocks
+    assert torch.count_nonzero(caches[0]) == BLOCK_SIZE * HEADS * HEAD
+    assert torch.all(caches[0][1, 3] == 7.0)
+
+
+def test_gpu_style_or_empty_caches_are_done_at_once():
+    assert KvCachePages([], block_dim=1, num_blocks=8).done
+    assert KvCachePages([torch.zeros(2, 8, 4)[:, ::2]], block_dim=1, num_blocks=4).done  # not contiguous
+
+
+def test_the_block_dimension_comes_from_the_backends_shape():
+    class Spec:
+        num_kv_heads, head_size = 2, 8
+
+    class BlocksFirst(AttentionBackend):
+        name = "blocks-first"
+
+        def kv_cache_shape(self, num_blocks, block_size, num_kv_heads, head_size):
+            return (num_blocks, 2, block_size, num_kv_heads, head_size)
+
+    default = AttentionBackend.__new__(AttentionBackend)
+    assert _block_dim(default, 16, [Spec()]) == 1
+    assert _block_dim(BlocksFirst.__new__(BlocksFirst), 16, [Spec()]) == 0
+    assert _block_dim(default, 16, []) == 0
