@@ -290,13 +290,16 @@ def test_deferred_buckets_run_eagerly_until_captured_while_idle(tiny_llama, capl
     assert [r for r in replays if r > 1] == [8]
 
 
-def test_idle_work_captures_the_deferred_graphs_then_backs_the_kv_cache(tiny_llama):
+def test_idle_work_captures_the_deferred_graphs_then_backs_the_kv_cache(tiny_llama, caplog):
     runner = make_runner(tiny_llama)
     graphs = attach(runner, lambda: LoggingGraph([]))
     assert graphs.capture(defer=True) and graphs.pending == [16, 8]
     assert runner.kv_pages.backed == 0 or runner.kv_pages.done  # done at once where the kernel cannot back pages
+    backs = not runner.kv_pages.done
     turns = 0
-    while runner.work_while_idle():
-        turns += 1
+    with caplog.at_level("INFO", logger="tokenmill"):
+        while runner.work_while_idle():
+            turns += 1
     assert not graphs.pending and runner.kv_pages.done and turns == 1  # 16, then 8 and the (small) cache
+    assert ("backed the whole KV cache" in caplog.text) is backs
     assert runner.work_while_idle() is False

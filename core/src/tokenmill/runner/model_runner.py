@@ -76,6 +76,7 @@ class ModelRunner:
             for s in self.specs
         ]
         self.kv_pages = KvCachePages(self.kv_caches, _block_dim(backend, block_size, self.specs), num_blocks)
+        self._idle_backing_s = 0.0
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
         self.sampler = Sampler(layer_kernels)
@@ -174,7 +175,14 @@ class ModelRunner:
         pages (``KvCachePages``); returns whether more remains."""
         if self.capture_next_graph():
             return True
-        self.kv_pages.back(IDLE_CHUNK_BYTES)
+        if self.kv_pages.done:
+            return False
+        started = time.perf_counter()
+        if self.kv_pages.back(IDLE_CHUNK_BYTES):
+            self._idle_backing_s += time.perf_counter() - started
+        if self.kv_pages.done and self._idle_backing_s:
+            logger.info("backed the whole KV cache (%.1f GiB) while idle, in %.1f s of idle time",
+                        self.kv_cache_usage_bytes() / (1 << 30), self._idle_backing_s)
         return not self.kv_pages.done
 
     def kv_cache_usage_bytes(self) -> int:
