@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import time
 from collections.abc import Iterator
 
 import torch
@@ -58,6 +59,7 @@ class KvCachePages:
         self._bytes_per_block = sum(c.numel() * c.element_size() for c in self._caches) // max(num_blocks, 1)
         self._madvise = _madvise() if self._caches else None
         self.backed = 0 if self._madvise is not None else num_blocks  # blocks [0, backed) are backed
+        self.seconds = 0.0  # spent in calls of ``back`` that backed blocks
 
     @property
     def done(self) -> bool:
@@ -69,6 +71,7 @@ class KvCachePages:
         done, or when the kernel refused: then the rest is left to first writes)."""
         if self.done:
             return 0
+        started = time.perf_counter()
         end = min(self._num_blocks, self.backed + max(1, num_bytes // max(self._bytes_per_block, 1)))
         page = mmap.PAGESIZE
         for cache in self._caches:
@@ -81,4 +84,5 @@ class KvCachePages:
                     return 0
         backed_bytes = (end - self.backed) * self._bytes_per_block
         self.backed = end
+        self.seconds += time.perf_counter() - started
         return backed_bytes

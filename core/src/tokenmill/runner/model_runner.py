@@ -11,7 +11,6 @@ through its device, the attention backend and the layer kernels it was given.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,8 @@ from tokenmill.scheduler.output import SchedulerOutput
 from tokenmill.spec_decode.proposer import DraftSlot, Proposer
 from tokenmill.spec_decode.verification import accept_greedy, greedy_token_ids
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class RunnerOutput:
@@ -46,8 +47,6 @@ class RunnerOutput:
 def kv_cache_bytes_per_block(specs: list[AttentionSpec], block_size: int, element_size: int) -> int:
     """Bytes one block occupies across all layers (keys and values)."""
     return sum(2 * block_size * s.num_kv_heads * s.head_size * element_size for s in specs)
-
-logger = logging.getLogger(__name__)
 
 
 def _block_dim(backend: AttentionBackend, block_size: int, specs: list[AttentionSpec]) -> int:
@@ -76,7 +75,6 @@ class ModelRunner:
             for s in self.specs
         ]
         self.kv_pages = KvCachePages(self.kv_caches, _block_dim(backend, block_size, self.specs), num_blocks)
-        self._idle_backing_s = 0.0
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
         self.sampler = Sampler(layer_kernels)
@@ -166,9 +164,8 @@ class ModelRunner:
 
     def back_kv_cache(self, num_bytes: int = STARTUP_BYTES) -> None:
         """Back the first ``num_bytes`` of KV cache blocks now (``KvCachePages``), logging the time taken."""
-        started = time.perf_counter()
         if backed := self.kv_pages.back(num_bytes):
-            logger.info("backed the first %d MiB of the KV cache in %.2f s", backed >> 20, time.perf_counter() - started)
+            logger.info("backed the first %d MiB of the KV cache in %.2f s", backed >> 20, self.kv_pages.seconds)
 
     def work_while_idle(self) -> bool:
         """One short piece of deferred work: a graph left for idle time, else the next KV cache
@@ -177,12 +174,9 @@ class ModelRunner:
             return True
         if self.kv_pages.done:
             return False
-        started = time.perf_counter()
-        if self.kv_pages.back(IDLE_CHUNK_BYTES):
-            self._idle_backing_s += time.perf_counter() - started
-        if self.kv_pages.done and self._idle_backing_s:
+        if self.kv_pages.back(IDLE_CHUNK_BYTES) and self.kv_pages.done:
             logger.info("backed the whole KV cache (%.1f GiB) while idle, in %.1f s of idle time",
-                        self.kv_cache_usage_bytes() / (1 << 30), self._idle_backing_s)
+                        self.kv_cache_usage_bytes() / (1 << 30), self.kv_pages.seconds)
         return not self.kv_pages.done
 
     def kv_cache_usage_bytes(self) -> int:
