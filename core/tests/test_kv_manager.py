@@ -14,7 +14,9 @@ def make_request(request_id: str, prompt, salt=None) -> Request:
 
 
 def compute(manager: KVCacheManager, request: Request, num_tokens: int | None = None) -> None:
-    """Allocate and 'run' a request's uncomputed tokens, then cache its full blocks (as the scheduler does)."""
+    """A step of its own: allocate and 'run' a request's uncomputed tokens, then cache its full blocks
+    (as the scheduler does)."""
+    manager.begin_step()
     if num_tokens is None:
         num_tokens = request.num_tokens - request.num_computed_tokens
     assert manager.allocate_slots(request, num_tokens)
@@ -22,7 +24,10 @@ def compute(manager: KVCacheManager, request: Request, num_tokens: int | None = 
     manager.cache_blocks(request)
 
 
-def admit(manager: KVCacheManager, request: Request) -> int:
+def admit(manager: KVCacheManager, request: Request, same_step: bool = False) -> int:
+    """Plan all of a request's uncomputed tokens, in a new step or in the step being planned."""
+    if not same_step:
+        manager.begin_step()
     blocks, num_computed = manager.get_computed_blocks(request)
     assert manager.allocate_slots(request, request.num_tokens - num_computed, blocks)
     request.num_computed_tokens = num_computed
@@ -179,7 +184,7 @@ def test_fork_stops_at_the_first_differing_block_and_at_computed_tokens():
 
 def test_prefix_cache_stats_count_tokens_per_admission():
     manager = KVCacheManager(num_blocks=20, block_size=BS)
-    admit(manager, make_request("a", range(10)))  # allocated, never computed: caches nothing
+    admit(manager, make_request("a", range(10)))  # planned, never computed: caches nothing
     a = make_request("a2", range(10))
     compute(manager, a)
     admit(manager, make_request("b", range(10)))
@@ -198,3 +203,45 @@ def test_requests_wanting_prompt_logprobs_never_read_the_cache_but_still_fill_it
     manager.free(make_request("a", range(9)))
     compute(manager, wants_logprobs)
     assert manager.get_computed_blocks(make_request("c", range(9)))[1] == 8
+
+
+def test_a_request_planned_after_another_in_one_step_shares_the_blocks_that_step_completes():
+    manager = KVCacheManager(num_blocks=20, block_size=BS)
+    a, b = make_request("a", range(10)), make_request("b", [*range(10), 42])
+    admit(manager, a)
+    assert admit(manager, b, same_step=True) == 8  # a's blocks 0-1 are written this step, before b attends
+    assert manager.get_block_ids("b")[:2] == manager.get_block_ids("a")[:2]
+    assert manager.get_block_ids("b")[2] != manager.get_block_ids("a")[2]  # a's partial block is its own
+    assert [block.ref_cnt for block in manager.req_to_blocks["a"][:2]] == [2, 2]
+    assert manager.prefix_cache_stats.hits == 8
+    assert admit(manager, make_request("c", range(10))) == 0  # a new step: a's blocks were never computed
+
+
+def test_only_the_blocks_a_chunk_completes_are_shared_in_its_step():
+    manager = KVCacheManager(num_blocks=20, block_size=BS)
+    a = make_request("a", range(12))
+    manager.begin_step()
+    assert manager.allocate_slots(a, 6)  # tokens 0-5: block 0 complete, block 1 not
+    assert admit(manager, make_request("b", range(12)), same_step=True) == 4
+    a.num_computed_tokens = 6
+    manager.cache_blocks(a)
+    manager.begin_step()
+    assert manager.allocate_slots(a, 6)  # tokens 6-11 complete blocks 1 and 2
+    assert admit(manager, make_request("c", range(13)), same_step=True) == 12  # block 0 cached, 1-2 in flight
+
+
+def test_draft_tokens_and_salted_or_freed_blocks_are_not_shared_in_flight():
+    manager = KVCacheManager(num_blocks=30, block_size=BS)
+    a = make_request("a", range(8))
+    compute(manager, a, num_tokens=7)
+    a.append_output_token(8)  # its first output token: 9 tokens, 8 computed after the step below
+    compute(manager, a, num_tokens=1)
+    manager.begin_step()
+    assert manager.allocate_slots(a, 4)  # token 8 and three drafts (positions 9-11), not known tokens yet
+    assert admit(manager, make_request("b", range(16)), same_step=True) == 8  # block 2 is not offered
+    assert admit(manager, make_request("s", range(16), salt="x"), same_step=True) == 0
+    manager.begin_step()
+    d = make_request("d", range(100, 110))
+    assert admit(manager, d, same_step=True) == 0
+    manager.free(d)  # preempted while the step is planned: computes nothing in it
+    assert admit(manager, make_request("e", range(100, 110)), same_step=True) == 0

@@ -271,15 +271,21 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _execute(self, output: SchedulerOutput, draw_tokens) -> dict[str, list[int]]:
         bs = self.config.block_size
         blocks = self.kv.block_pool.blocks
+        # as in every layer of a step: all the step's keys and values are written before any row attends,
+        # so a request may read a block that another request of the same step completes
+        written: set[tuple[int, int]] = set()
         for s in output.scheduled:
-            salt = s.request.cache_salt
-            expected = self.expected_tokens[s.request_id]
-            for p in range(s.start_position):
-                assert self.slots[s.block_ids[p // bs]].get(p % bs) == (salt, expected[p]), (s.request_id, p)
             for p, token in enumerate(s.token_ids, start=s.start_position):
                 block = blocks[s.block_ids[p // bs]]
-                assert block.ref_cnt == 1 and block.block_hash is None, f"write into shared/cached {block}"
-                self.slots[block.block_id][p % bs] = (salt, token)
+                assert block.block_hash is None, f"write into cached {block}"
+                assert (block.block_id, p % bs) not in written, f"two writes into slot {p % bs} of {block}"
+                written.add((block.block_id, p % bs))
+                self.slots[block.block_id][p % bs] = (s.request.cache_salt, token)
+        for s in output.scheduled:
+            expected = self.expected_tokens[s.request_id]
+            for p in range(s.start_position):
+                slot = self.slots[s.block_ids[p // bs]].get(p % bs)
+                assert slot == (s.request.cache_salt, expected[p]), (s.request_id, p)
         to_sample = [s.request_id for s in output.scheduled if s.sample]
         return {request_id: [token] for request_id, token in zip(to_sample, draw_tokens(len(to_sample)), strict=True)}
 

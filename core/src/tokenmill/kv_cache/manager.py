@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenmill.kv_cache.block import KVCacheBlock
-from tokenmill.kv_cache.block_hash import extend_block_hashes
+from tokenmill.kv_cache.block_hash import BlockHash, extend_block_hashes
 from tokenmill.kv_cache.block_pool import BlockPool
 from tokenmill.kv_cache.prefix_cache_stats import PrefixCacheStats
 from tokenmill.request import Request
@@ -16,8 +16,9 @@ class KVCacheManager:
 
     Token ``i`` of a request lives in block ``table[i // block_size]`` at offset ``i % block_size``.
     A request's table only grows while it holds blocks (append-only, so the runner can update block
-    tables incrementally); ``free`` releases all of it. Only full, computed blocks are shared, and a
-    shared block is never written again.
+    tables incrementally); ``free`` releases all of it. Only full blocks are shared, and a shared block
+    is never written again: computed ones, and within the step being planned the ones that step
+    completes (``begin_step``).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
@@ -30,6 +31,7 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_to_block_ids: dict[str, list[int]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading table blocks already offered to the cache
+        self._in_flight: dict[BlockHash, KVCacheBlock] = {}  # full blocks the step being planned completes
 
     @property
     def num_free_blocks(self) -> int:
@@ -43,10 +45,18 @@ class KVCacheManager:
         """The request's block table (a live list: copy it to keep a snapshot)."""
         return self.req_to_block_ids.get(request_id, [])
 
+    def begin_step(self) -> None:
+        """Start planning a step: forget the blocks the last step completed (``allocate_slots`` offers
+        the blocks a step completes to the requests planned after it in the same step)."""
+        self._in_flight.clear()
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of a request without blocks: (blocks, number of tokens).
 
-        The last token is never covered, so at least one token is computed and yields logits; a
+        Blocks that a request planned earlier in this step completes count as cached: every layer
+        writes the step's keys and values before any of its rows attends, so a request that starts
+        after them reads them like cached ones (a burst of prompts with one system prompt computes it
+        once). The last token is never covered, so at least one token is computed and yields logits; a
         request that wants prompt logprobs gets no hit. Nothing is reserved: pass the blocks to
         ``allocate_slots`` in the same step.
         """
@@ -57,6 +67,8 @@ class KVCacheManager:
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
             block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                block = self._in_flight.get(block_hash)
             if block is None:
                 break
             hits.append(block)
@@ -94,6 +106,7 @@ class KVCacheManager:
                 if num_new_blocks > self.block_pool.num_free_blocks:
                     return False
                 self._append_blocks(request_id, self.block_pool.get_new_blocks(num_new_blocks))
+            self._offer_in_flight(request, request.num_computed_tokens, num_new_tokens)
             return True
 
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * block_size
@@ -109,6 +122,7 @@ class KVCacheManager:
             self.prefix_cache_stats.record(request.num_tokens, len(new_computed_blocks) * block_size)
         self.block_pool.touch(new_computed_blocks)
         self._append_blocks(request_id, [*new_computed_blocks, *self.block_pool.get_new_blocks(num_new_blocks)])
+        self._offer_in_flight(request, num_computed, num_new_tokens)
         return True
 
     def fork(self, parent: Request, child: Request) -> int:
@@ -151,6 +165,7 @@ class KVCacheManager:
         del self.req_to_block_ids[request_id]
         del self.num_cached_blocks[request_id]
         self.block_pool.free_blocks(reversed(table))
+        self._in_flight.clear()  # a request freed while a step is planned (preempted) computes nothing in it
 
     def reset_prefix_cache(self) -> int:
         """Forget all cached content and zero the stats; returns how many blocks were uncached."""
@@ -160,6 +175,19 @@ class KVCacheManager:
     def _append_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
         self.req_to_blocks[request_id].extend(blocks)
         self.req_to_block_ids[request_id].extend(block.block_id for block in blocks)
+
+    def _offer_in_flight(self, request: Request, num_computed: int, num_new_tokens: int) -> None:
+        """Offer the full blocks of known tokens that computing ``num_new_tokens`` after ``num_computed``
+        completes (draft tokens past the request's tokens are not known yet)."""
+        if not self.enable_prefix_caching:
+            return
+        start, end = num_computed // self.block_size, min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
+        if end <= start:
+            return
+        self._hash_full_blocks(request, end)
+        table = self.req_to_blocks[request.request_id]
+        for index in range(start, end):
+            self._in_flight.setdefault(request.block_hashes[index], table[index])
 
     def _hash_full_blocks(self, request: Request, num_blocks: int) -> None:
         if len(request.block_hashes) < num_blocks:

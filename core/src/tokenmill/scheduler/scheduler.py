@@ -123,6 +123,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step. Tokens whose K/V is cached (prefix hits, forks) count as computed."""
         plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        self.kv_cache_manager.begin_step()
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
