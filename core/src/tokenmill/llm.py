@@ -43,6 +43,12 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         return self.engine.default_sampling_params()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (blocks that running requests hold stay theirs), so the next
+        prompts are computed in full, e.g. between timed runs of the same prompts."""
+        self.engine.core.scheduler.reset_prefix_cache()
+        return True
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:

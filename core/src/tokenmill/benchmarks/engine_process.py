@@ -1,7 +1,9 @@
 """Run one engine on one workload in this process and print a JSON result (used as a subprocess).
 
 Input on stdin: {"engine": "tokenmill" | "hf", "model": path, "workload": {...}, "options": {...}}.
-Each engine runs alone in its own process so memory, threads and warm caches never mix.
+Each engine runs alone in its own process so memory, threads and warm caches never mix, and times
+the workload ``workload["runs"]`` times (prefix caches emptied before each run): the figures are the
+median run's (``timed_runs``), since a small shared machine swings by a third from minute to minute.
 """
 
 from __future__ import annotations
@@ -42,12 +44,11 @@ def run_hf(model: str, workload: dict[str, Any], options: dict[str, Any]) -> dic
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
         hf.generate(input_ids[:1, -8:], attention_mask=mask[:1, -8:], max_new_tokens=2, do_sample=False)
-        started = time.perf_counter()
-        out = hf.generate(input_ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
-                          do_sample=False, eos_token_id=None, pad_token_id=pad)
-        elapsed = time.perf_counter() - started
-        result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": out[:, width:].numel(),
-                  "output_tok_s": out[:, width:].numel() / elapsed, "outputs": out[:, width:].tolist()}
+        result = timed_runs(lambda: hf.generate(input_ids, attention_mask=mask, max_new_tokens=output_len,
+                                                min_new_tokens=output_len, do_sample=False, eos_token_id=None,
+                                                pad_token_id=pad)[:, width:].tolist(), workload.get("runs", 1))
+        elapsed = result["elapsed_s"]
+        result["load_s"] = load_s
         if len(prompts) == 1:
             def first_token(probe_ids: list[int]) -> None:
                 probe = torch.tensor([probe_ids])
@@ -68,14 +69,20 @@ def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any])
     load_s = time.perf_counter() - started
     params = SamplingParams(temperature=0.0, max_tokens=workload["output_len"], ignore_eos=True)
     llm.generate([{"prompt_token_ids": workload["prompts"][0][:8]}], params.clone(max_tokens=2), use_tqdm=False)
-    started = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in workload["prompts"]], params, use_tqdm=False)
-    elapsed = time.perf_counter() - started
-    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    result = {"load_s": load_s, "elapsed_s": elapsed, "output_tokens": generated, "output_tok_s": generated / elapsed,
-              "outputs": [o.outputs[0].token_ids for o in outputs], "linear_kernels": _linear_kernels(llm.engine.core.runner.model)}
+    first_run: list[Any] = []
+
+    def run_once() -> list[list[int]]:
+        llm.reset_prefix_cache()  # each run computes every prompt (earlier runs cached them)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in workload["prompts"]], params, use_tqdm=False)
+        if not first_run:
+            first_run.extend(outputs)
+        return [o.outputs[0].token_ids for o in outputs]
+
+    result = timed_runs(run_once, workload.get("runs", 1))
+    outputs, elapsed, generated = first_run, result["elapsed_s"], result["output_tokens"]
+    result.update(load_s=load_s, linear_kernels=_linear_kernels(llm.engine.core.runner.model))
     stats = llm.engine.core.scheduler.stats()
-    if stats.spec_num_draft_tokens:  # speculative decoding: totals of the warm-up and the run
+    if stats.spec_num_draft_tokens:  # speculative decoding: totals of the warm-up and the runs
         draft = getattr(llm.engine.core.runner.proposer, "model", None)
         result["speculative"] = {"drafts": stats.spec_num_drafts, "draft_tokens": stats.spec_num_draft_tokens,
                                  "accepted_tokens": stats.spec_num_accepted_tokens,
@@ -90,6 +97,21 @@ def run_tokenmill(model: str, workload: dict[str, Any], options: dict[str, Any])
             workload["ttft_prompts"]))
         result["decode_tok_s"] = (generated - 1) / max(elapsed - result["ttft_s"], 1e-9)
     return result
+
+
+def timed_runs(run: Callable[[], list[list[int]]], count: int) -> dict[str, Any]:
+    """Time ``run`` (greedy outputs: token ids per prompt) ``count`` times: the median run's seconds and
+    throughput, every run's throughput, the first run's outputs and whether every run gave the same."""
+    seconds, outputs = [], []
+    for _ in range(max(1, count)):
+        started = time.perf_counter()
+        outputs.append(run())
+        seconds.append(time.perf_counter() - started)
+    generated = sum(len(tokens) for tokens in outputs[0])
+    elapsed = statistics.median(seconds)
+    return {"elapsed_s": elapsed, "output_tokens": generated, "output_tok_s": generated / elapsed,
+            "runs_output_tok_s": [generated / s for s in seconds], "outputs": outputs[0],
+            "runs_identical": all(o == outputs[0] for o in outputs)}
 
 
 def _time_first_tokens(first_token: Callable[[list[int]], Any], probes: list[list[int]]) -> dict[str, Any]:

@@ -19,8 +19,10 @@ WORKLOADS = {
 }
 
 
-def build_workload(model: str, name: str, num_prompts: int | None = None, output_len: int | None = None) -> dict[str, Any]:
-    """Token ids of the workload's chat prompts, rendered with the model's own tokenizer and template."""
+def build_workload(model: str, name: str, num_prompts: int | None = None, output_len: int | None = None,
+                   runs: int = 1) -> dict[str, Any]:
+    """Token ids of the workload's chat prompts, rendered with the model's own tokenizer and template;
+    every engine times ``runs`` runs of them and reports the median."""
     from tokenmill.tokenizer.chat_template import chat_prompt_token_ids
     from tokenmill.tokenizer.loader import load_tokenizer
 
@@ -29,7 +31,8 @@ def build_workload(model: str, name: str, num_prompts: int | None = None, output
     spec["output_len"] = output_len or spec["output_len"]
     tokenizer = load_tokenizer(model)
     prompts = [chat_prompt_token_ids(tokenizer, c)[1] for c in chat_prompts(spec["num_prompts"])]
-    return {"name": name, "prompts": prompts, "output_len": spec["output_len"], "ttft_prompts": ttft_prompts(prompts[0])}
+    return {"name": name, "prompts": prompts, "output_len": spec["output_len"], "ttft_prompts": ttft_prompts(prompts[0]),
+            "runs": runs}
 
 
 def ttft_prompts(prompt: list[int], count: int = 5) -> list[list[int]]:
@@ -122,6 +125,11 @@ def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios:
         if "decode_tok_s" in result:
             line += f"  decode {result['decode_tok_s']:6.1f} tok/s  TTFT {result['ttft_s'] * 1000:7.1f} ms"
         line += f"  (load {result['load_s']:.1f} s)"
+        if len(result.get("runs_output_tok_s", ())) > 1:
+            line += f"  (median of {len(result['runs_output_tok_s'])} runs: " + ", ".join(
+                f"{x:.1f}" for x in result["runs_output_tok_s"]) + ")"
+            if not result.get("runs_identical", True):
+                line += "  runs differ"
         extra = ratios.get(engine, {})
         if "output_tok_s_ratio" in extra:
             line += f"  x{extra['output_tok_s_ratio']:.2f} vs hf"

