@@ -12,6 +12,7 @@ from server_live import assert_still_serving, json_events, metric_value, sse_eve
 
 USER = [{"role": "user", "content": "Hello"}]
 RUNNING = "tokenmill:num_requests_running{"
+WAITING = "tokenmill:num_requests_waiting{"
 KV = "tokenmill:kv_cache_usage_perc{"
 ABORTS = 'tokenmill:request_success_total{finished_reason="abort"'
 
@@ -130,14 +131,24 @@ def test_disconnect_mid_stream_frees_everything(tiny_server, n):
 
 
 def test_disconnect_while_waiting_and_nonstreaming(tiny_server):
+    async def metric(client, name):
+        text = (await client.get("/metrics")).text
+        return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
     async def scenario():
         async with httpx.AsyncClient(base_url=tiny_server.url, timeout=60) as client:
             body = {"prompt": "Hello", "max_tokens": 480, "ignore_eos": True, "stream": True}
             holders = [client.stream("POST", "/v1/completions", json=body) for _ in range(8)]
             opened = [await holder.__aenter__() for holder in holders]
             try:
-                with pytest.raises(httpx.TimeoutException):  # waits behind the 8 running, then hangs up
-                    await client.post("/v1/completions", json={**body, "stream": False}, timeout=0.5)
+                waiter = asyncio.create_task(client.post("/v1/completions", json={**body, "stream": False}))
+                while await metric(client, WAITING) < 1:  # queued behind the 8 running
+                    await asyncio.sleep(0.005)
+                waiter.cancel()  # hangs up while waiting
+                with pytest.raises(asyncio.CancelledError):
+                    await waiter
+                # a fast host finishes 480 tokens in well under a second: hang up before they end
+                assert await metric(client, RUNNING) == 8
             finally:
                 for holder in holders:
                     await holder.__aexit__(None, None, None)
