@@ -9,7 +9,7 @@ import inspect
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
@@ -101,6 +101,18 @@ def check_decode(path, hf, lengths=(9, 17, 4), steps: int = 16):
             caches[i] = out.past_key_values
             next_tokens[i] = int(logits[0].argmax())
     return runner
+
+
+def save_llama(path, seed: int, **changes) -> str:
+    """A tiny random Llama (2 layers, vocabulary 160, GQA) with a word tokenizer, saved to ``path`` so
+    LLM can load it; ``changes`` override config fields. Returns the path as a string."""
+    torch.manual_seed(seed)
+    settings = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                    num_hidden_layers=2, max_position_embeddings=256)
+    settings.update(changes)
+    AutoModelForCausalLM.from_config(LlamaConfig(**settings)).save_pretrained(path)
+    save_word_tokenizer(path, settings["vocab_size"])
+    return str(path)
 
 
 def save_word_tokenizer(path: Path, vocab_size: int) -> None:

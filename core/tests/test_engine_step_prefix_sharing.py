@@ -5,8 +5,6 @@ backends, against the same engine without prefix caching."""
 
 import hf_parity as parity
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenmill import LLM, SamplingParams
 
@@ -18,13 +16,7 @@ PROMPTS = [PREFIX + suffix for suffix in SUFFIXES]
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("step-prefix")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4,
-                         num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=256)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    parity.save_word_tokenizer(path, config.vocab_size)
-    return str(path)
+    return parity.save_llama(tmp_path_factory.mktemp("step-prefix"), seed=0)
 
 
 def run(model: str, backend: str, prefix_caching: bool):

@@ -4,32 +4,20 @@ plain decoding gives, next to requests that cannot speculate; bad configurations
 
 import hf_parity as parity
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.spec_decode.config import SpeculativeConfig
 from tokenmill.spec_decode.ngram_proposer import NgramProposer
 
 
-def save_llama(path, seed: int, **changes) -> str:
-    torch.manual_seed(seed)
-    settings = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-                    num_hidden_layers=2, max_position_embeddings=256)
-    settings.update(changes)
-    AutoModelForCausalLM.from_config(LlamaConfig(**settings)).save_pretrained(path)
-    parity.save_word_tokenizer(path, settings["vocab_size"])
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return save_llama(tmp_path_factory.mktemp("spec-target"), seed=0)
+    return parity.save_llama(tmp_path_factory.mktemp("spec-target"), seed=0)
 
 
 @pytest.fixture(scope="module")
 def other(tmp_path_factory):
-    return save_llama(tmp_path_factory.mktemp("spec-other"), seed=1)
+    return parity.save_llama(tmp_path_factory.mktemp("spec-other"), seed=1)
 
 
 PROMPTS = [[5, 9, 17, 33, 2, 81], [100, 7], list(range(40, 75)), [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [150]]
@@ -91,7 +79,7 @@ def test_eager_engine_and_preemption_change_no_token(target, other, plain):
 
 
 def test_draft_with_another_attention_layout_is_refused(target, tmp_path):
-    wider = save_llama(tmp_path / "wider", seed=2, num_key_value_heads=4)
+    wider = parity.save_llama(tmp_path / "wider", seed=2, num_key_value_heads=4)
     with pytest.raises(ValueError, match="another attention layout"):
         engine(target, {"method": "draft_model", "model": wider, "num_speculative_tokens": 2})
 
