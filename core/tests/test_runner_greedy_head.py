@@ -117,3 +117,40 @@ def test_the_lm_head_asks_only_for_a_plain_float32_product(checkpoint):
     head.kernel = type("Packed", (type(head.kernel),), {"plain_weight": False})()
     assert head.greedy_token_ids(hidden) is None
     assert kernels.greedy_calls == 1
+
+
+def test_the_runner_prepares_the_greedy_head_on_a_zero_row(checkpoint):
+    seen = []
+
+    class Recording(CountingKernels):
+        def greedy_lm_head(self, hidden, weight):
+            seen.append(hidden.clone())
+            return super().greedy_lm_head(hidden, weight)
+
+    kernels = Recording()
+    runner = _runner(checkpoint, kernels)
+    runner.prepare_greedy_head(CONFIG["hidden_size"], torch.float32)
+    assert kernels.greedy_calls == 1
+    assert seen[0].shape == (1, CONFIG["hidden_size"]) and seen[0].dtype == torch.float32 and not seen[0].any()
+    runner.prepare_greedy_head(CONFIG["hidden_size"], torch.bfloat16)  # the head of a float32 model declines it
+    runner.prepare_greedy_head(0, torch.float32)  # a config without a hidden size: nothing to prepare
+    assert kernels.greedy_calls == 1
+
+
+def test_building_an_engine_prepares_the_greedy_head(tmp_path, monkeypatch):
+    from hf_parity import save_llama
+
+    from tokenmill import LLM
+
+    calls = []
+    prepare = ModelRunner.prepare_greedy_head
+
+    def recording(self, hidden_size, dtype):
+        calls.append((hidden_size, dtype))
+        prepare(self, hidden_size, dtype)
+
+    monkeypatch.setattr(ModelRunner, "prepare_greedy_head", recording)
+    llm = LLM(save_llama(tmp_path, seed=0), device="cpu", dtype="float32", kv_cache_memory="8MiB")
+    assert calls == [(64, torch.float32)]  # at build, before any request
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], GREEDY, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == GREEDY.max_tokens and len(calls) == 1

@@ -85,6 +85,13 @@ class ModelConfig:
     quantization: str
     chat_template: str | None = None
 
+    @property
+    def hidden_size(self) -> int:
+        """The width of the model's hidden states, which every pooling method keeps (0 when the config
+        does not say)."""
+        text_config = self.hf_config.get_text_config() if hasattr(self.hf_config, "get_text_config") else self.hf_config
+        return int(getattr(text_config, "hidden_size", 0) or 0)
+
 
 @dataclass(frozen=True)
 class CacheConfig:

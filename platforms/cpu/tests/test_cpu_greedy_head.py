@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tokenmill.layers.native_library import build_failure
-from tokenmill_cpu.greedy_head import GreedyHead, error_bounds, load_greedy_head
+from tokenmill_cpu.greedy_head import GreedyHead, error_bounds, load_greedy_head, row_norms
 from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable
 
 pytestmark = pytest.mark.skipif(build_failure(load_greedy_head) is not None, reason="no C compiler")
@@ -138,3 +138,16 @@ def test_the_layer_kernels_offer_both():
     logits = hidden @ weight.T
     assert kernels.argmax_rows(logits).tolist() == logits.argmax(dim=-1).tolist()
     assert CpuLayerKernels().greedy_lm_head(hidden, weight) is None
+
+
+def test_row_norms_are_the_float64_norms_even_where_squares_underflow():
+    torch.manual_seed(0)
+    weight = torch.randn(300, 576) * 0.05
+    weight[7] = 1e-24  # squares below float32's smallest subnormal: summed in float64
+    weight[8] = 0.0
+    weight[8, :3] = torch.tensor([3e-30, -4e-30, 0.0])
+    want = torch.linalg.vector_norm(weight.double(), dim=1)
+    got = row_norms(weight)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=0)
+    assert got[7] > 0 and got[8].item() == pytest.approx(5e-30, rel=1e-5)

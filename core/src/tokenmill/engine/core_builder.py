@@ -64,6 +64,7 @@ def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -
                          f"decoding does not apply")
     if not encoder:
         _attach_graphs(config, runner, defer_graph_capture)
+        runner.prepare_greedy_head(config.model.hidden_size, build.dtype)
     if not defer_graph_capture:  # a server backs its cache while idle, after it answers
         runner.back_kv_cache()
     if speculative is not None:

@@ -142,12 +142,6 @@ def can_generate(model: Any) -> bool:
     return not getattr(model, "is_encoder", False)
 
 
-def embedding_size(hf_config: Any) -> int:
-    """The hidden size, which every pooling method keeps (0 when the config does not say)."""
-    text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return int(getattr(text_config, "hidden_size", 0) or 0)
-
-
 def ready_message(config: Any, loaded_model: Any = None, num_kv_blocks: int | None = None) -> EngineCoreReady:
     """The READY payload for a resolved EngineConfig (and the model loaded from it); ``num_kv_blocks``
     is the cache actually allocated (after GPU memory profiling it differs from the resolver's estimate)."""
@@ -161,7 +155,7 @@ def ready_message(config: Any, loaded_model: Any = None, num_kv_blocks: int | No
         max_num_batched_tokens=config.max_num_batched_tokens, scheduling_policy=config.scheduling_policy,
         num_kv_blocks=num_kv_blocks or config.cache.num_blocks, block_size=config.cache.block_size, platform=platform.name,
         device=str(platform.torch_device()), report=config.render_report(), can_generate=can_generate(loaded_model),
-        embedding_size=embedding_size(model.hf_config))
+        embedding_size=model.hidden_size)
 
 
 class _EmbedJob:
