@@ -31,8 +31,8 @@ logger = logging.getLogger("tokenmill")
 def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -> EngineCore:
     """Load the model on the selected platform, allocate the KV cache, and wire the scheduler. With
     ``defer_graph_capture`` (a server, which answers sooner) only the largest prefill graph is captured
-    now, and no KV cache pages are backed ahead of use; the caller does both while idle
-    (``ModelRunner.work_while_idle``). Otherwise the first GiB of the cache is backed now."""
+    now and the caller captures the others while idle (``ModelRunner.work_while_idle``). Either way the
+    first GiB of the KV cache is backed now; a server backs the rest while idle."""
     selection = config.selection
     platform = selection.platform_instance
     if config.num_threads:
@@ -65,8 +65,7 @@ def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -
     if not encoder:
         _attach_graphs(config, runner, defer_graph_capture)
         runner.prepare_greedy_head(config.model.hidden_size, build.dtype)
-    if not defer_graph_capture:  # a server backs its cache while idle, after it answers
-        runner.back_kv_cache()
+    runner.back_kv_cache()
     if speculative is not None:
         runner.proposer = _proposer(config, runner, attention.backend_cls)
     num_speculative_tokens = speculative.num_speculative_tokens if speculative is not None else 0

@@ -6,9 +6,12 @@ in the middle of a step. In a VM that first touch is expensive: SmolLM2's W1 (64
 0.7-4 s on a 2-core KVM guest, where asking the kernel to populate the same range up front
 (``MADV_POPULATE_WRITE``, Linux 5.14+) took 2-3x less. The block pool hands out never-used blocks
 in block order, so backing blocks ``[0, n)`` of every layer covers the first ``n`` blocks the engine
-will use: an offline engine backs ``STARTUP_BYTES`` of them when it is built (0.7-4.5 s per GiB on that
-guest, depending on the host), a server all of them, a chunk at a time, while it is idle (after it
-answers: its start stays short). Where the kernel or the tensor does not allow it (GPU memory, older
+will use: an engine backs ``STARTUP_BYTES`` of them when it is built (0.7-4.5 s per GiB on that
+guest, depending on the host), and a server the rest, a chunk at a time, while it is idle. A server
+that left all of it to idle time answered 2-3 s sooner, but a burst arriving right away (a benchmark
+client, ~8 s later, while the client's own start still held a core) found most pages unbacked: its
+steps ran ~30 % slower (64 x 128/128 requests: 2048-token prefill steps 1.5-1.7 s against 1.2, decode
+steps 77-89 ms against 58-61). Where the kernel or the tensor does not allow it (GPU memory, older
 kernels), nothing happens and pages are backed on first write as before.
 """
 
@@ -25,7 +28,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23
-STARTUP_BYTES = 1 << 30  # backed when an offline engine is built: SmolLM2's 64 x 256-token batch needs 754 MB
+STARTUP_BYTES = 1 << 30  # backed when an engine is built: SmolLM2's 64 x 256-token batch needs 754 MB
 IDLE_CHUNK_BYTES = 16 << 20  # backed per idle turn of a server: a request arriving meanwhile waits for it
 
 
