@@ -128,3 +128,14 @@ def test_reset_prefix_cache_forgets_every_hash():
     assert pool.reset_prefix_cache() == 2
     assert pool.cached_blocks == {} and a.block_hash is None and b.block_hash is None
     assert b.ref_cnt == 1 and pool.num_free_blocks == 2
+
+
+def test_blocks_a_reset_uncaches_are_reused_before_blocks_never_used():
+    pool = BlockPool(10)
+    used = pool.get_new_blocks(5)
+    pool.cache_full_blocks(used[:4], [fake_hash(i) for i in range(4)])
+    pool.free_blocks(reversed(used))  # the cached ones queue at the tail, behind the never-used 6..9
+    assert ids(pool.free_queue) == [5, 6, 7, 8, 9, 4, 3, 2, 1]
+    pool.reset_prefix_cache()
+    assert ids(pool.free_queue) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert ids(pool.get_new_blocks(4)) == [1, 2, 3, 4]

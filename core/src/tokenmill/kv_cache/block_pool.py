@@ -88,11 +88,21 @@ class BlockPool:
             self.cached_blocks[block_hash] = block
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached hash (blocks in use keep their K/V, just not shareable). Returns how many."""
+        """Forget every cached hash (blocks in use keep their K/V, just not shareable). Returns how many.
+
+        Free blocks that lose their hash move to the head of the free queue in block order, where
+        ``free_blocks`` puts uncached blocks: allocation reuses them before blocks never used. On the
+        CPU a never-used block's pages are backed at its first write, in the middle of a step (W1's
+        second and third runs after a reset ran 6-15 % slower than its first, walking into such blocks)."""
         num_evicted = len(self.cached_blocks)
+        released = sorted((block for block in self.cached_blocks.values() if block.ref_cnt == 0),
+                          key=lambda block: block.block_id, reverse=True)
         for block in self.cached_blocks.values():
             block.block_hash = None
         self.cached_blocks.clear()
+        for block in released:
+            self.free_queue.remove(block)
+            self.free_queue.appendleft(block)
         return num_evicted
 
     def _evict(self, block: KVCacheBlock) -> None:
