@@ -150,7 +150,11 @@ def assert_still_serving(url: str, headers: dict[str, str] | None = None) -> Non
 
 def metric_value(url: str, name: str, headers: dict[str, str] | None = None) -> float:
     """The value of one sample line of /metrics (``name`` includes its labels, e.g. 'x{a="b"}' prefix)."""
-    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    return metric_in(httpx.get(url + "/metrics", headers=headers, timeout=10).text, name)
+
+
+def metric_in(text: str, name: str) -> float:
+    """The value of the sample line of a /metrics page ``text`` that starts with ``name``."""
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
             return float(line.rsplit(" ", 1)[1])

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_live import assert_still_serving, json_events, metric_value, sse_events
+from server_live import assert_still_serving, json_events, metric_in, metric_value, sse_events
 
 USER = [{"role": "user", "content": "Hello"}]
 RUNNING = "tokenmill:num_requests_running{"
@@ -131,9 +131,8 @@ def test_disconnect_mid_stream_frees_everything(tiny_server, n):
 
 
 def test_disconnect_while_waiting_and_nonstreaming(tiny_server):
-    async def metric(client, name):
-        text = (await client.get("/metrics")).text
-        return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    async def metric(client, name):  # metric_value without blocking the event loop the streams run on
+        return metric_in((await client.get("/metrics")).text, name)
 
     async def scenario():
         async with httpx.AsyncClient(base_url=tiny_server.url, timeout=60) as client:
