@@ -18,7 +18,12 @@ import pytest
 from server_live import LiveServer, sse_events
 
 LONG = {"prompt": "Hello", "max_tokens": 400, "ignore_eos": True}
-SERVERS = {"drain": ("--shutdown-timeout", "90"), "double": ("--shutdown-timeout", "60"), "abort": (),
+# One sequence at a time on the drain servers: requests queued behind the first keep the drain going for
+# several full-length generations, however fast the engine (the tiny model decodes 400 tokens in well under a
+# second on a fast host, which a fixed sleep after the signal could outlast).
+ONE_AT_A_TIME = ("--max-num-seqs", "1")
+SERVERS = {"drain": ("--shutdown-timeout", "90", *ONE_AT_A_TIME), "double": ("--shutdown-timeout", "60", *ONE_AT_A_TIME),
+           "abort": (),
            "keepalive": ("--keep-alive-on-engine-death",), "death": (), "orphan": ()}
 
 
@@ -36,10 +41,20 @@ def servers(tiny_model, tmp_path_factory):
             server.stop(timeout=5)
 
 
-def running(server) -> float:
+def metric_sum(server, name: str) -> float:
+    """The sum of a metric's samples over all its labels."""
     text = httpx.get(server.url + "/metrics", timeout=5).text
-    line = next(line for line in text.splitlines() if line.startswith("tokenmill:num_requests_running{"))
-    return float(line.rsplit(" ", 1)[1])
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"tokenmill:{name}{{"))
+
+
+def running(server) -> float:
+    return metric_sum(server, "num_requests_running")
+
+
+def admitted(server) -> float:
+    """Requests the engine has taken in so far: running, waiting or finished."""
+    return sum(metric_sum(server, name) for name in ("num_requests_running", "num_requests_waiting",
+                                                      "request_success_total"))
 
 
 def wait_running(server, count: int, timeout: float = 30.0) -> None:
@@ -47,6 +62,36 @@ def wait_running(server, count: int, timeout: float = 30.0) -> None:
     while running(server) < count:
         assert time.monotonic() < deadline, f"fewer than {count} requests ever ran"
         time.sleep(0.02)
+
+
+def queue_behind(server, count: int) -> tuple[list[threading.Thread], list[int]]:
+    """``count`` full-length non-streaming requests behind the running one, started and taken in by the
+    engine; returns their threads and the list their status codes go into."""
+    statuses = []
+    before = admitted(server)
+
+    def post():
+        try:
+            statuses.append(httpx.post(server.url + "/v1/completions", json=LONG, timeout=120).status_code)
+        except httpx.HTTPError:  # expected only where the test forces an exit
+            pass
+
+    threads = [threading.Thread(target=post) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while admitted(server) < before + count:
+        assert time.monotonic() < deadline, f"the engine never took in {count} more requests"
+        time.sleep(0.01)
+    return threads, statuses
+
+
+def wait_draining(server, timeout: float = 10.0) -> None:
+    """Return once /health answers 503 (the signal has landed and the drain has begun)."""
+    deadline = time.monotonic() + timeout
+    while (status := httpx.get(server.url + "/health", timeout=5).status_code) != 503:
+        assert status == 200 and time.monotonic() < deadline, f"/health still {status}"
+        time.sleep(0.01)
 
 
 def open_stream(server, body):
@@ -96,14 +141,17 @@ def test_port_opens_only_once_the_model_is_loaded(tiny_model, tmp_path):
 
 def test_sigterm_drains_running_requests_then_exits_0(servers):
     server = servers["drain"]
-    # long enough that the request is still running when the signal lands, however fast the engine is
+    # three more full-length requests queued behind it keep the drain going while the test looks at it
     thread, result = open_stream(server, {**LONG, "max_tokens": 400})
+    queued, statuses = queue_behind(server, 3)
     server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    assert httpx.get(server.url + "/health", timeout=5).status_code == 503
+    wait_draining(server)
     refused = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
     assert refused.status_code == 503 and "Retry-After" in refused.headers
     thread.join(90)
+    for waiting in queued:
+        waiting.join(90)
+    assert statuses == [200, 200, 200]  # the waiting requests were served too
     assert "error" not in result, server.log_tail()
     chunks = [json.loads(d) for _, d in result["events"] if d != "[DONE]"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # finished, not cut off
@@ -113,12 +161,14 @@ def test_sigterm_drains_running_requests_then_exits_0(servers):
 def test_second_signal_exits_at_once(servers):
     server = servers["double"]
     thread, _ = open_stream(server, {**LONG, "max_tokens": 500})
+    queued, _ = queue_behind(server, 3)
     server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    wait_draining(server)
     assert server.process.poll() is None  # draining: up to 60 s
     server.process.send_signal(signal.SIGTERM)
     assert wait_exit(server, 15) is not None
-    thread.join(30)
+    for waiting in [thread, *queued]:
+        waiting.join(30)
 
 
 def test_sigterm_with_zero_timeout_aborts_with_errors(servers):
