@@ -84,7 +84,7 @@ clean:
 # offline: carry .gpu-wheels there. Versions follow .venv where it has the package; setuptools comes
 # along because the editable installs need one that reads SPDX license strings (>= 77).
 GPU_WHEELS := stevedore pbr msgspec pyzmq gguf compressed-tensors pydantic pydantic-core annotated-types \
-	typing-inspection loguru setuptools
+	typing-inspection loguru setuptools xgrammar apache-tvm-ffi
 GPU_WHEEL_PLATFORMS := $(foreach n,28 27 26 17,--platform manylinux_2_$(n)_x86_64) \
 	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
 

@@ -1,6 +1,8 @@
 """Bad prompts, sampling parameters and unsupported features (reference section 6 D, E, F) against a
 live tiny-model server (max_model_len 512, caps: n 8, stop strings 4, logit_bias 16, prompts 4, tools 2)."""
 
+import json
+import re
 import time
 
 import httpx
@@ -187,7 +189,7 @@ def test_every_extra_sampling_parameter_is_accepted(tiny_server):
 
 @pytest.mark.parametrize("body, param", [
     ({"response_format": {"type": "xml"}}, "response_format"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 123}}}}, "response_format"),
     ({"structured_outputs": {"regex": "foo**"}}, "structured_outputs"),
     ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs"),
@@ -232,3 +234,23 @@ def test_chat_echo_and_continue_final_message(tiny_server):
 def test_documents_and_reasoning_effort_reach_the_template(tiny_server):
     response = chat(tiny_server, documents=[{"title": "t", "text": "x"}], reasoning_effort="low")
     assert response.status_code == 200, response.text
+
+
+def test_structured_outputs_constrain_completions_and_chat(tiny_server):
+    choices = ["red", "green", "blue"]
+    response = completion(tiny_server, max_tokens=20, structured_outputs={"choice": choices})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] in choices
+    schema = {"type": "object", "properties": {"color": {"enum": choices}, "ok": {"type": "boolean"}},
+              "required": ["color", "ok"], "additionalProperties": False}
+    response = chat(tiny_server, max_tokens=60, temperature=0,
+                    structured_outputs={"json": schema, "disable_any_whitespace": True})
+    assert response.status_code == 200, response.text
+    answer = json.loads(response.json()["choices"][0]["message"]["content"])
+    assert set(answer) == {"color", "ok"} and answer["color"] in choices and isinstance(answer["ok"], bool)
+    response = completion(tiny_server, max_tokens=20, structured_outputs={"regex": "[0-9]{3}-[0-9]{2}"})
+    assert re.fullmatch("[0-9]{3}-[0-9]{2}", response.json()["choices"][0]["text"]), response.text
+    # OpenAI's form, with optional whitespace allowed: the output is a prefix of the schema's JSON
+    response = chat(tiny_server, max_tokens=8, temperature=0,
+                    response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"].startswith("{")

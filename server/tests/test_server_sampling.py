@@ -19,6 +19,7 @@ from tokenmill_server.sampling import (
     check_model,
     logit_bias,
     stop_strings,
+    structured_outputs,
 )
 
 MODEL = ModelLimits(name="m", max_model_len=100, vocab_size=50, max_logprobs=5,
@@ -102,7 +103,7 @@ def test_caps_and_unsupported_fields():
     assert api_error(check_common, completion(prompt_logprobs=6), LIMITS, MODEL).param == "prompt_logprobs"
     assert api_error(check_common, completion(priority=5), LIMITS, MODEL).param == "priority"
     assert api_error(check_common, completion(bad_words=[""]), LIMITS, MODEL).param == "bad_words"
-    for field in ("logits_processors", "structured_outputs", "guided_json", "use_beam_search", "prompt_embeds"):
+    for field in ("logits_processors", "guided_json", "use_beam_search", "prompt_embeds"):
         error = api_error(check_common, completion(**{field: ["x"]}), LIMITS, MODEL)
         assert (error.status, error.param, error.code) == (400, field, "unsupported_parameter")
         assert "not supported" in error.message
@@ -158,3 +159,40 @@ def test_chat_and_messages_models():
         MessagesRequest.model_validate({"messages": [{"role": "user", "content": "x"}]})  # no max_tokens
     with pytest.raises(ValidationError):
         MessagesRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})
+
+
+def test_structured_outputs_from_either_field():
+    from tokenmill.structured import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert structured_outputs(completion(), None) is None
+    assert structured_outputs(completion(), {"type": "text"}) is None
+    assert structured_outputs(completion(), {"type": "json_object"}) == StructuredOutputsParams(json_object=True)
+    found = structured_outputs(completion(), {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert found == StructuredOutputsParams(json=schema)
+    assert structured_outputs(completion(structured_outputs={"choice": ["a", "b"]}), None).choice == ["a", "b"]
+    assert structured_outputs(completion(structured_outputs={"json": schema}), None).json == schema
+    params = params_for(completion(), constraint=StructuredOutputsParams(regex="[ab]+"))
+    assert params.structured_outputs.regex == "[ab]+"
+
+
+@pytest.mark.parametrize("fields, response_format, param", [
+    ({"structured_outputs": {"regex": "a("}}, None, "structured_outputs"),
+    ({"structured_outputs": {"json": {"type": 5}}}, None, "structured_outputs"),
+    ({"structured_outputs": {"choice": ["a"]}}, {"type": "json_object"}, "response_format"),
+    ({}, {"type": "json_schema"}, "response_format"),
+    ({}, {"type": "json_schema", "json_schema": "x"}, "response_format"),
+    ({}, {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}, "response_format"),
+    ({}, {"type": "structural_tag"}, "response_format"),
+    ({}, {"type": ["x"]}, "response_format"),
+])
+def test_bad_structured_outputs_are_400(fields, response_format, param):
+    error = api_error(structured_outputs, completion(**fields), response_format)
+    assert (error.status, error.param) == (400, param), error.message
+
+
+def test_structured_outputs_fields_are_bounded_and_unknown_ones_refused():
+    for bad in ({"choice": []}, {"regex": ""}, {"regex": "a" * 70000}, {"choice": ["a"] * 1025},
+                {"json": {}, "whitespace_pattern": " "}, ["x"]):
+        with pytest.raises(ValidationError):
+            completion(structured_outputs=bad)

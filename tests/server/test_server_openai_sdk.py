@@ -1,5 +1,7 @@
 """The official openai SDK against ``tokenmill serve`` with the real SmolLM2 model."""
 
+import json
+
 import openai
 import pytest
 
@@ -69,5 +71,19 @@ def test_sdk_errors(client):
     assert caught.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                       response_format={"type": "json_object"})
-    assert "not supported" in caught.value.message
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": {"type": "nope"}}})
+    assert caught.value.body["param"] == "response_format" and "invalid json" in caught.value.message
+
+
+def test_structured_outputs(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Describe a person named Ann, aged 31, as JSON."}],
+        temperature=0, max_tokens=60, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    person = json.loads(reply.choices[0].message.content)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int) and reply.choices[0].finish_reason == "stop"
+    reply = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=5, temperature=0,
+                                      extra_body={"structured_outputs": {"choice": [" yes", " no"]}})
+    assert reply.choices[0].text in (" yes", " no")

@@ -11,6 +11,7 @@ from tokenmill.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from tokenmill.engine.messages import EngineCoreRequest
+    from tokenmill.structured.request_grammar import RequestGrammar
 
 
 class RequestStatus(enum.IntEnum):
@@ -82,6 +83,7 @@ class Request:
         self.finished_time: float | None = None
 
         self.runner_state: object = None  # scratch slot owned by the model runner
+        self.grammar: RequestGrammar | None = None  # the structured-output constraint, set by the engine core
 
     @classmethod
     def from_engine_core_request(cls, message: EngineCoreRequest) -> Request:
@@ -125,11 +127,16 @@ class Request:
     def finish_reason(self) -> str | None:
         return self.status.finish_reason
 
-    def append_output_token(self, token_id: int) -> None:
+    def append_output_token(self, token_id: int) -> bool:
+        """Keep ``token_id``; False (and nothing kept) when the request's grammar refuses it, which happens
+        only when the grammar allowed no token at all (a dead end of the vocabulary)."""
+        if self.grammar is not None and not self.grammar.is_terminated and not self.grammar.accept(token_id):
+            return False
         if self.first_token_time is None:
             self.first_token_time = time.time()
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        return True
 
     def check_stop(self, max_model_len: int) -> bool:
         """Apply the token-level stop rules to the newest token; on a stop, set the final status.
@@ -147,6 +154,9 @@ class Request:
             if last in self.stop_token_ids:
                 self.finish(RequestStatus.FINISHED_STOPPED, stop_reason=last)
                 return True
+        if self.grammar is not None and self.grammar.is_terminated:  # complete: only a stop token could follow
+            self.finish(RequestStatus.FINISHED_STOPPED)
+            return True
         max_tokens = params.max_tokens
         if self.num_tokens >= max_model_len or (max_tokens is not None and self.num_output_tokens >= max_tokens):
             self.finish(RequestStatus.FINISHED_LENGTH)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+from tokenmill.structured import StructuredOutputsParams
 from tokenmill_server.errors import ApiError, bad_request, context_length_exceeded, model_not_found, unsupported
 from tokenmill_server.protocol.common import SamplingFields
 
@@ -100,8 +101,6 @@ def check_common(request: SamplingFields, limits: RequestLimits, model: ModelLim
         logger.warning("request fields ignored (not part of this API): %s", ", ".join(n[:40] for n in ignored[:10]))
     if request.logits_processors is not None:
         raise unsupported("Per-request logits_processors", "logits_processors")
-    if request.structured_outputs is not None:
-        raise unsupported("Structured output (structured_outputs)", "structured_outputs")
     if request.n > limits.max_n:
         raise bad_request(f"n must be at most {limits.max_n}, got {request.n}.", "n")
     if request.stream_options is not None and not request.stream:
@@ -139,9 +138,42 @@ def check_context(num_prompt_tokens: int, max_tokens: int | None, model: ModelLi
         raise context_length_exceeded(model.max_model_len, num_prompt_tokens, max_tokens)
 
 
+def structured_outputs(request: SamplingFields, response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:
+    """The request's output constraint, from vLLM's ``structured_outputs`` or OpenAI's ``response_format``
+    (``json_object``, or ``json_schema`` with its ``schema``); 400 for both at once, a malformed schema,
+    regex or grammar, or a response format this server cannot follow."""
+    response_format = response_format if isinstance(response_format, Mapping) else {}
+    kind = response_format.get("type", "text")
+    if request.structured_outputs is not None:
+        if kind != "text":
+            raise bad_request("Give either structured_outputs or response_format, not both.", "response_format")
+        fields = request.structured_outputs.model_dump(by_alias=True, exclude_none=True)
+        param = "structured_outputs"
+    elif kind == "json_object":
+        fields, param = {"json_object": True}, "response_format"
+    elif kind == "json_schema":
+        described = response_format.get("json_schema")
+        schema = described.get("schema") if isinstance(described, Mapping) else None
+        if not isinstance(schema, (dict, bool)):
+            raise bad_request("response_format json_schema needs json_schema.schema, a JSON schema object.",
+                              "response_format")
+        fields, param = {"json": schema if isinstance(schema, dict) else {}}, "response_format"
+    elif kind == "text":
+        return None
+    else:
+        raise unsupported(f"Structured output (response_format {str(kind)[:40]})", "response_format")
+    try:
+        constraint = StructuredOutputsParams(**fields)
+        constraint.check_grammar()
+    except ValueError as error:
+        raise bad_request(str(error), param) from None
+    return constraint
+
+
 def build_sampling_params(request: SamplingFields, limits: RequestLimits, model: ModelLimits, *,
                           max_tokens: int | None, logprobs: int | None, stream: bool,
-                          best_of: int | None = None, stop: list[str] | None = None) -> SamplingParams:
+                          best_of: int | None = None, stop: list[str] | None = None,
+                          constraint: StructuredOutputsParams | None = None) -> SamplingParams:
     """SamplingParams from the request, over the model's generation defaults; ValueError -> 400."""
     values: dict[str, Any] = {k: v for k, v in model.generation_defaults.items() if k != "max_tokens"}
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
@@ -157,7 +189,7 @@ def build_sampling_params(request: SamplingFields, limits: RequestLimits, model:
         prompt_logprobs=request.prompt_logprobs, skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         logit_bias=logit_bias(request.logit_bias, limits), allowed_token_ids=request.allowed_token_ids,
-        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
+        structured_outputs=constraint, output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
     if values.get("top_k") == -1:
         values["top_k"] = 0
     try:

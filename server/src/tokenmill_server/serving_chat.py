@@ -30,6 +30,7 @@ from tokenmill_server.sampling import (
     check_logprobs,
     check_model,
     check_token_ids,
+    structured_outputs,
 )
 from tokenmill_server.state import ServerState, server_state
 from tokenmill_server.usage import Usage
@@ -40,8 +41,6 @@ PATH = "/v1/chat/completions"
 
 def _check_features(body: ChatCompletionRequest, state: ServerState) -> None:
     check_common(body, state.limits, state.model)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise unsupported(f"Structured output (response_format {body.response_format.type})", "response_format")
     tools, choice = body.tools or [], body.tool_choice
     if len(tools) > state.limits.max_tools:
         raise bad_request(f"At most {state.limits.max_tools} tools are allowed, got {len(tools)}.", "tools")
@@ -80,8 +79,9 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
     if max_tokens is None and default_limit is not None:
         max_tokens = min(int(default_limit), state.model.max_model_len - len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    response_format = body.response_format.model_dump() if body.response_format is not None else None
     params = build_sampling_params(body, state.limits, state.model, max_tokens=max_tokens, logprobs=logprobs,
-                                   stream=body.stream)
+                                   stream=body.stream, constraint=structured_outputs(body, response_format))
     check_token_ids(params, state.model)
     echo = conversation[-1]["content"] if body.echo and conversation[-1]["role"] == "assistant" else ""
     view = _ChatView(body, name, len(ids), echo)

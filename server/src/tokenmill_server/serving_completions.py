@@ -31,6 +31,7 @@ from tokenmill_server.sampling import (
     check_logprobs,
     check_model,
     check_token_ids,
+    structured_outputs,
 )
 from tokenmill_server.state import ServerState, server_state
 from tokenmill_server.usage import Usage
@@ -44,8 +45,6 @@ def _check(body: CompletionRequest, state: ServerState) -> None:
     check_common(body, limits, model)
     if body.suffix is not None:
         raise unsupported("suffix (fill-in-the-middle)", "suffix")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise unsupported("response_format other than text on /v1/completions", "response_format")
     check_logprobs(body.logprobs, model, "logprobs")
     if body.best_of is not None:
         if body.best_of < body.n:
@@ -97,7 +96,8 @@ async def create_completion(body: CompletionRequest, http: Request) -> Response:
     for _, ids in tokenized:
         check_context(len(ids), None if score_only else body.max_tokens, state.model)
     params = build_sampling_params(body, state.limits, state.model, max_tokens=1 if score_only else body.max_tokens,
-                                   logprobs=body.logprobs, stream=body.stream, best_of=body.best_of)
+                                   logprobs=body.logprobs, stream=body.stream, best_of=body.best_of,
+                                   constraint=structured_outputs(body, body.response_format))
     if body.echo and body.logprobs is not None:
         params = params.clone(prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0))
     check_token_ids(params, state.model)

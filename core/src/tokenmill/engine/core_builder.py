@@ -24,6 +24,7 @@ from tokenmill.scheduler.scheduler import Scheduler
 from tokenmill.spec_decode.draft_loader import load_draft_model
 from tokenmill.spec_decode.draft_model_proposer import DraftModelProposer
 from tokenmill.spec_decode.ngram_proposer import NgramProposer
+from tokenmill.structured.grammar_compiler import StructuredOutputCompiler
 
 logger = logging.getLogger("tokenmill")
 
@@ -79,8 +80,10 @@ def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -
     hooks.on_engine_start(engine_info={
         "platform": platform.name, "device": str(platform.torch_device()), "model": config.model.path,
         "dtype": config.model.dtype, "kv_cache_blocks": num_blocks, "block_size": config.cache.block_size})
+    grammars = None if encoder else StructuredOutputCompiler(config.model.tokenizer_path, config.model.vocab_size,
+                                                             config.model.eos_token_ids)
     core = EngineCore(scheduler, runner, on_request_finished=hooks.on_request_finished,
-                      on_stop=hooks.on_engine_stop, num_speculative_tokens=num_speculative_tokens)
+                      on_stop=hooks.on_engine_stop, num_speculative_tokens=num_speculative_tokens, grammars=grammars)
     _freeze_survivors()
     return core
 

@@ -1,4 +1,5 @@
-"""EngineCore: the busy part of the engine — schedule, execute, update — with no tokenizer.
+"""EngineCore: the busy part of the engine — schedule, execute, update — with no tokenizer (only the
+vocabulary, loaded for grammars when a request first asks for structured output).
 
 It receives tokenized requests (EngineCoreRequest) and emits token-level results
 (EngineCoreOutputs); detokenization and stop strings belong to the front end. It runs in the
@@ -15,15 +16,17 @@ from tokenmill.request import Request, RequestStatus
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.scheduler.scheduler import Scheduler
 from tokenmill.spec_decode.proposer import DraftSlot
+from tokenmill.structured.grammar_compiler import StructuredOutputCompiler
 
 
 class EngineCore:
     """Owns the scheduler and the model runner; ``step`` is one iteration of the engine loop."""
 
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, on_request_finished=None, on_stop=None,
-                 num_speculative_tokens: int = 0) -> None:
+                 num_speculative_tokens: int = 0, grammars: StructuredOutputCompiler | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        self.grammars = grammars  # compiles requests' structured-output constraints (None: refused)
         self.num_speculative_tokens = num_speculative_tokens  # drafts proposed per request and step (0: off)
         self._to_propose: list[Request] = []  # requests that got tokens last step: draft for them next
         self._on_request_finished = on_request_finished
@@ -31,8 +34,15 @@ class EngineCore:
         self._pending: list[EngineCoreOutput] = []  # results of aborts, sent with the next step
 
     def add_request(self, message: EngineCoreRequest) -> None:
-        """Queue a request; raises ValueError when it can never run (too long for the cache)."""
-        self.scheduler.add_request(Request.from_engine_core_request(message), fork_of=message.fork_of)
+        """Queue a request; raises ValueError when it can never run (too long for the cache, or a
+        structured-output constraint that does not compile)."""
+        request = Request.from_engine_core_request(message)
+        constraint = request.sampling_params.structured_outputs
+        if constraint is not None:
+            if self.grammars is None:
+                raise ValueError("this engine does not offer structured outputs.")
+            request.grammar = self.grammars.grammar(constraint, request.eos_token_ids | request.stop_token_ids)
+        self.scheduler.add_request(request, fork_of=message.fork_of)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests at any stage; each gets a final "abort" output at the next step."""
@@ -101,6 +111,8 @@ class EngineCore:
         """Ask the runner's proposer for the next step's draft tokens of the requests that may speculate."""
         slots = []
         for request in requests:
+            if request.grammar is not None:  # drafts would bypass its token masks
+                continue
             budget = self.scheduler.draft_budget(request, self.num_speculative_tokens)
             if budget:
                 block_ids = self.scheduler.kv_cache_manager.get_block_ids(request.request_id)

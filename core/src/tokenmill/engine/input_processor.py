@@ -80,6 +80,8 @@ class InputProcessor:
             if value is not None and value > self.max_logprobs:
                 raise ValueError(f"Requested {name}={value}, more than the maximum of {self.max_logprobs}.")
         params.check_token_ids(vocab)
+        if params.structured_outputs is not None:
+            params.structured_outputs.check_grammar()
         if params.max_tokens is None:
             params = params.clone(max_tokens=limit - len(prompt_token_ids))
         return params

@@ -37,6 +37,7 @@ class SamplingBatch:
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, token ids, values
     allowed: tuple[torch.Tensor, torch.Tensor] | None  # rows, [R, V] bool mask of disallowed tokens
     banned: tuple[torch.Tensor, torch.Tensor] | None  # rows, token ids (bad words, early stop tokens)
+    grammar: tuple[list[int], torch.Tensor] | None  # rows, xgrammar bitmask [R, ceil(V / 32)] int32 of allowed tokens
     seeds: list[int | None]  # per row; None on greedy and unseeded rows
     num_logprobs: list[int | None]
 
@@ -47,7 +48,7 @@ class SamplingBatch:
     @property
     def needs_processing(self) -> bool:
         """Whether any logits processor (bias, masks, penalties) runs before sampling."""
-        return any(x is not None for x in (self.penalties, self.logit_bias, self.allowed, self.banned))
+        return any(x is not None for x in (self.penalties, self.logit_bias, self.allowed, self.banned, self.grammar))
 
     @classmethod
     def from_requests(cls, requests: Sequence[Request], vocab_size: int, device: torch.device | str) -> SamplingBatch:
@@ -92,6 +93,7 @@ class SamplingBatch:
             logit_bias=_logit_bias(requests, vocab_size, device),
             allowed=_allowed(requests, vocab_size, device),
             banned=_banned(requests, vocab_size, device),
+            grammar=_grammar(requests, vocab_size),
             seeds=[None if g else p.seed for p, g in zip(params, greedy, strict=True)],
             num_logprobs=[p.logprobs for p in params],
         )
@@ -177,3 +179,17 @@ def _banned_token_ids(request: Request) -> set[int]:
         if not params.ignore_eos:
             banned.update(request.eos_token_ids)
     return banned
+
+
+def _grammar(requests: Sequence[Request], vocab_size: int) -> tuple[list[int], torch.Tensor] | None:
+    """The rows under a structured-output grammar and xgrammar's bitmask of allowed next tokens, one
+    row per request (only the listed rows are filled and applied)."""
+    rows = [row for row, r in enumerate(requests) if r.grammar is not None and not r.grammar.is_terminated]
+    if not rows:
+        return None
+    import xgrammar
+
+    bitmask = xgrammar.allocate_token_bitmask(len(requests), vocab_size)
+    for row in rows:
+        requests[row].grammar.fill_mask(bitmask, row)
+    return rows, bitmask

@@ -28,7 +28,7 @@ class Sampler:
     """Vectorised sampling over the batch, on whatever device the logits live.
 
     Order (vLLM's): logit bias, allowed tokens, bad words and min_tokens masks -> penalties ->
-    temperature -> min_p -> top_k -> top_p -> sample. Greedy rows take the argmax of the processed
+    structured-output grammar mask -> temperature -> min_p -> top_k -> top_p -> sample. Greedy rows take the argmax of the processed
     logits. Random rows race exponentials: token = argmax(probs / q), q ~ Exp(1); a seeded row draws
     its q from its own generator, so it gets the same tokens alone or in any batch. Logprobs are
     those of the raw model distribution, taken before any processing (vLLM's "raw_logprobs").
@@ -71,6 +71,8 @@ class Sampler:
             logits[rows, token_ids] = _NEG_INF
         if batch.penalties is not None:
             logits = batch.penalties.apply(logits)
+        if batch.grammar is not None:
+            logits = _apply_grammar(logits, *batch.grammar)
         return logits
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -133,3 +135,20 @@ class Sampler:
         for row, entry in zip(rows, entries, strict=True):
             result[row] = entry
         return result
+
+
+def _apply_grammar(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf on the tokens each listed row's bitmask row leaves out (xgrammar's packed int32 bits, one
+    bitmask row per logits row)."""
+    import xgrammar
+
+    if logits.device.type == "cpu" and logits.dtype is torch.float32 and logits.is_contiguous():
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+        return logits
+    vocab = logits.shape[1]
+    index = torch.tensor(rows, device=logits.device)
+    words = bitmask.to(logits.device).index_select(0, index)
+    bits = words.unsqueeze(-1) >> torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = (bits & 1).bool().reshape(len(rows), -1)[:, :vocab]
+    logits[index] = logits[index].masked_fill(~allowed, _NEG_INF)
+    return logits

@@ -164,7 +164,9 @@ class Scheduler:
                 self.spec_num_accepted_tokens += min(len(token_ids) - 1, scheduled.num_spec_tokens)
             new_token_ids = []
             for token_id in token_ids:
-                request.append_output_token(token_id)
+                if not request.append_output_token(token_id):
+                    request.finish(RequestStatus.FINISHED_ABORTED)  # its grammar allowed no next token
+                    break
                 new_token_ids.append(token_id)
                 if request.check_stop(max_model_len):
                     break

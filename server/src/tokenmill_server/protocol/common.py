@@ -29,6 +29,24 @@ class StreamOptions(ApiModel):
     continuous_usage_stats: bool = False
 
 
+MAX_GRAMMAR_CHARS = 65536
+
+
+class StructuredOutputs(ApiModel):
+    """vLLM's ``structured_outputs``: exactly one of a JSON schema, a regex, a list of choices, an EBNF
+    grammar, or ``json_object: true`` for any JSON object. Other fields are refused (not ignored)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
+    choice: list[Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)]] | None = Field(None, min_length=1,
+                                                                                     max_length=1024)
+    grammar: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+
 class SamplingFields(ApiModel):
     """Fields of both OpenAI endpoints. ``None`` means "the model's generation_config.json default"."""
 
@@ -60,6 +78,6 @@ class SamplingFields(ApiModel):
     user: str | None = None
     request_id: str | None = Field(None, max_length=256)
     logits_processors: Any = Field(None, description="Not supported: must be absent.")
-    structured_outputs: Any = Field(None, description="Not supported yet: must be absent.")
+    structured_outputs: StructuredOutputs | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)
     return_tokens_as_token_ids: bool = False

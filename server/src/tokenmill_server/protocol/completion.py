@@ -19,7 +19,8 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(None, ge=1, le=INT64_MAX)
     suffix: str | None = Field(None, description="Not supported: must be absent.")
     add_special_tokens: bool = True
-    response_format: dict | None = Field(None, description="Only {'type': 'text'} is supported.")
+    response_format: dict | None = Field(None, description="{'type': 'text' | 'json_object' | 'json_schema'}, the "
+                                         "latter with {'json_schema': {'schema': ...}}.")
 
     def prompts(self) -> list[str | list[int]]:
         """Each prompt of the batch, text or token ids."""

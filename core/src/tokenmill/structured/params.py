@@ -1,0 +1,97 @@
+"""StructuredOutputsParams: the constraint one request's output must satisfy (vLLM's field names)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+MAX_CHOICES = 1024
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Exactly one of ``json`` (a JSON schema, as a dict or its text), ``regex``, ``choice`` (the output is
+    one of these strings), ``grammar`` (EBNF, xgrammar's dialect of GBNF) or ``json_object`` (any JSON
+    object) must be set. ``disable_any_whitespace``: JSON without optional whitespace (a small model
+    may otherwise fill its tokens with it). Validated on construction; the grammar itself is checked by
+    ``check_grammar``."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        chosen = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
+        if len(chosen) != 1:
+            named = ", ".join(chosen) if chosen else "none"
+            raise ValueError(f"structured outputs take exactly one of {', '.join(KINDS)} (got {named}).")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError("structured outputs: json must be a JSON schema (an object or its text).")
+        if self.choice is not None:
+            if not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice):
+                raise ValueError("structured outputs: choice must be a non-empty list of strings.")
+            if len(self.choice) > MAX_CHOICES:
+                raise ValueError(f"structured outputs: at most {MAX_CHOICES} choices (got {len(self.choice)}).")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured outputs: {name} must be a non-empty string.")
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in KINDS if getattr(self, kind) not in (None, False))
+
+    def key(self) -> tuple[str, str]:
+        """(kind, text): what the compiled grammar depends on, for caching."""
+        kind = self.kind
+        if kind == "json":
+            text = self.json if isinstance(self.json, str) else json.dumps(self.json)  # property order is output order
+            return kind, text
+        if kind == "choice":
+            return "regex", choice_regex(self.choice or [])
+        if kind == "json_object":
+            return kind, ""
+        return kind, getattr(self, kind)
+
+    def check_grammar(self) -> None:
+        """Raise ValueError with the parser's message when the schema, regex or grammar is malformed."""
+        error = _grammar_error(*self.key())
+        if error is not None:
+            raise ValueError(f"structured outputs: invalid {self.kind}: {error}")
+
+
+@lru_cache(maxsize=256)
+def _grammar_error(kind: str, text: str) -> str | None:
+    """The parser's complaint about one constraint, or None (remembered: the front end and the engine
+    both check each request)."""
+    import xgrammar
+
+    try:
+        if kind == "json":
+            xgrammar.Grammar.from_json_schema(text)
+        elif kind == "regex":
+            xgrammar.Grammar.from_regex(text)
+        elif kind == "grammar":
+            xgrammar.Grammar.from_ebnf(text)
+    except RuntimeError as error:
+        return grammar_error(error)
+    return None
+
+
+def choice_regex(choices: list[str]) -> str:
+    """A regex matching exactly one of ``choices``."""
+    return "(" + "|".join(re.escape(choice) for choice in choices) + ")"
+
+
+def grammar_error(error: BaseException) -> str:
+    """xgrammar's message without its timestamp and C++ source location."""
+    text = str(error).strip()
+    match = re.match(r"^\[[\d:]+\] \S+:\d+: (.*)$", text, re.S)
+    return (match.group(1) if match else text).strip()
