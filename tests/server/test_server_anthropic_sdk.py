@@ -50,3 +50,20 @@ def test_sdk_errors(client):
         client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "x"}],
                                tools=[{"name": "f", "input_schema": {"type": "object"}}])
     assert caught.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_forced_tool_use(client):
+    tools = [{"name": "get_weather", "description": "The weather in a city.", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    message = client.messages.create(model=MODEL, max_tokens=40, messages=messages, tools=tools,
+                                     tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
+    [use] = message.content
+    assert use.type == "tool_use" and use.name == "get_weather" and isinstance(use.input["city"], str)
+    assert message.stop_reason == "tool_use" and use.id.startswith("toolu_")
+    with client.messages.stream(model=MODEL, max_tokens=40, messages=messages, tools=tools,
+                                tool_choice={"type": "tool", "name": "get_weather"},
+                                extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "tool_use" and final.content[0].input == use.input
+    assert final.stop_reason == "tool_use"

@@ -87,3 +87,14 @@ def test_structured_outputs(client):
     reply = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=5, temperature=0,
                                       extra_body={"structured_outputs": {"choice": [" yes", " no"]}})
     assert reply.choices[0].text in (" yes", " no")
+
+
+def test_forced_tool_call(client):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                               "parameters": {"type": "object", "required": ["city"], "properties": {
+                                                   "city": {"type": "string", "maxLength": 30}}}}}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}], temperature=0,
+        max_tokens=40, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)

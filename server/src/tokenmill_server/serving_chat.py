@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill_server.conversation import openai_conversation, template_options
-from tokenmill_server.errors import ApiError, bad_request, error_body, unsupported
+from tokenmill_server.errors import ApiError, bad_request, error_body
 from tokenmill_server.event_stream import DONE, EventStreamResponse, data_event
 from tokenmill_server.generation import (
     ClientDisconnected,
@@ -33,13 +33,15 @@ from tokenmill_server.sampling import (
     structured_outputs,
 )
 from tokenmill_server.state import ServerState, server_state
+from tokenmill_server.tool_choice import ToolChoice
 from tokenmill_server.usage import Usage
 
 logger = logging.getLogger("tokenmill.server")
 PATH = "/v1/chat/completions"
 
 
-def _check_features(body: ChatCompletionRequest, state: ServerState) -> None:
+def _check_features(body: ChatCompletionRequest, state: ServerState) -> ToolChoice | None:
+    """400s for what the request cannot have; returns the tool call it forces, if any."""
     check_common(body, state.limits, state.model)
     tools, choice = body.tools or [], body.tool_choice
     if len(tools) > state.limits.max_tools:
@@ -48,24 +50,30 @@ def _check_features(body: ChatCompletionRequest, state: ServerState) -> None:
         raise bad_request("tool_choice must be 'none', 'auto', 'required' or a named function.", "tool_choice")
     if choice is not None and choice != "none" and not tools:
         raise bad_request("tool_choice needs tools.", "tool_choice")
-    if tools and choice != "none":
-        raise unsupported("Tool calling (tools with tool_choice other than 'none')", "tool_choice")
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true.", "top_logprobs")
     check_logprobs(body.top_logprobs, state.model, "top_logprobs")
+    tool = ToolChoice.from_request(tools, choice, body.parallel_tool_calls)
+    if tool is not None and (body.structured_outputs is not None or
+                             (body.response_format is not None and body.response_format.type != "text")):
+        raise bad_request("A forced tool call already fixes the output's format: drop response_format and "
+                          "structured_outputs, or tool_choice.", "tool_choice")
+    return tool
 
 
 async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> Response:
     state = server_state(http)
     state.check_accepting()
     name = check_model(body.model, state.model)
-    _check_features(body, state)
+    tool = _check_features(body, state)
     options = template_options(body.chat_template, body.chat_template_kwargs, body.add_generation_prompt,
                                body.continue_final_message, state.limits)
     if body.documents is not None:
         options["documents"] = body.documents  # for templates with retrieval documents
     if body.reasoning_effort is not None:
         options["reasoning_effort"] = body.reasoning_effort  # a template variable, as in vLLM
+    if tool is not None:
+        options["tools"] = body.tools  # the template shows the model what it may call
     engine = state.engine
     conversation = openai_conversation(body.messages)
     with state.admission(body.n):
@@ -80,11 +88,12 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
         max_tokens = min(int(default_limit), state.model.max_model_len - len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     response_format = body.response_format.model_dump() if body.response_format is not None else None
+    constraint = tool.constraint if tool is not None else structured_outputs(body, response_format)
     params = build_sampling_params(body, state.limits, state.model, max_tokens=max_tokens, logprobs=logprobs,
-                                   stream=body.stream, constraint=structured_outputs(body, response_format))
+                                   stream=body.stream, constraint=constraint)
     check_token_ids(params, state.model)
     echo = conversation[-1]["content"] if body.echo and conversation[-1]["role"] == "assistant" else ""
-    view = _ChatView(body, name, len(ids), echo)
+    view = _ChatView(body, name, len(ids), echo, tool)
     with engine_errors(state.metrics):
         stream = engine.add_request(view.id, ids, params, prompt_text=text, priority=body.priority,
                                     cache_salt=body.cache_salt)
@@ -104,8 +113,10 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
 class _ChatView:
     """Formats one chat request's output (JSON body or SSE chunks)."""
 
-    def __init__(self, body: ChatCompletionRequest, model: str, num_prompt_tokens: int, echo: str) -> None:
+    def __init__(self, body: ChatCompletionRequest, model: str, num_prompt_tokens: int, echo: str,
+                 tool: ToolChoice | None = None) -> None:
         self.body = body
+        self.tool = tool
         self.model = model
         self.num_prompt_tokens = num_prompt_tokens
         self.echo = echo
@@ -124,11 +135,14 @@ class _ChatView:
         choices = []
         for completion in output.outputs:
             usage.completion_tokens += len(completion.token_ids)
-            choices.append({"index": completion.index,
-                            "message": {"role": "assistant", "content": self.echo + completion.text,
-                                        "tool_calls": []},
-                            "logprobs": self._logprobs(completion), "finish_reason": completion.finish_reason,
-                            "stop_reason": completion.stop_reason})
+            message: dict[str, Any] = {"role": "assistant", "content": self.echo + completion.text, "tool_calls": []}
+            finish_reason = completion.finish_reason
+            calls = self.tool.calls(completion.text) if self.tool is not None else []
+            if calls:
+                message.update(content=self.echo or None, tool_calls=calls)
+                finish_reason = self.tool.finish_reason if finish_reason == "stop" else finish_reason
+            choices.append({"index": completion.index, "message": message, "logprobs": self._logprobs(completion),
+                            "finish_reason": finish_reason, "stop_reason": completion.stop_reason})
         body = {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": choices, "usage": usage.as_dict()}
         if self.body.prompt_logprobs is not None:
@@ -150,6 +164,7 @@ class _ChatView:
             yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None} for i in range(self.body.n)], usage)
             echoed: set[int] = set()
+            calls = _StreamedCalls(self.tool)
             with engine_errors():
                 async for output in outputs:
                     usage.cached_tokens = output.num_cached_tokens or 0
@@ -161,10 +176,11 @@ class _ChatView:
                             echoed.add(completion.index)
                             text = self.echo + text
                         logprobs = self._logprobs(completion)
-                        if not text and completion.finish_reason is None and not logprobs:
+                        delta, finish_reason = calls.delta(completion, text)
+                        if not delta and finish_reason is None and not logprobs:
                             continue
-                        choice = {"index": completion.index, "delta": {"content": text} if text else {},
-                                  "logprobs": logprobs, "finish_reason": completion.finish_reason}
+                        choice = {"index": completion.index, "delta": delta, "logprobs": logprobs,
+                                  "finish_reason": finish_reason}
                         if completion.finish_reason is not None:
                             choice["stop_reason"] = completion.stop_reason
                         choices.append(choice)
@@ -180,3 +196,37 @@ class _ChatView:
             logger.exception("chat stream failed")
             yield data_event(error_body(ApiError(500, "Internal server error."), PATH))
         yield DONE
+
+
+class _StreamedCalls:
+    """Chunk deltas of a streamed choice: its text, or the tool calls a forced call makes of it (a named
+    call's arguments as they come; the calls of "required" whole, when the output ends)."""
+
+    def __init__(self, tool: ToolChoice | None) -> None:
+        self.tool = tool
+        self._text: dict[int, str] = {}
+        self._named_started: set[int] = set()
+
+    def delta(self, completion: CompletionOutput, text: str) -> tuple[dict[str, Any], str | None]:
+        finish_reason = completion.finish_reason
+        if self.tool is None:
+            return ({"content": text} if text else {}), finish_reason
+        index = completion.index
+        self._text[index] = self._text.get(index, "") + text
+        if finish_reason == "stop":
+            finish_reason = self.tool.finish_reason
+        if self.tool.named is not None:
+            if not text:
+                return {}, finish_reason
+            if index in self._named_started:
+                piece = {"index": 0, "function": {"arguments": text}}
+            else:
+                self._named_started.add(index)
+                piece = self.tool.first_delta(text)
+            return {"tool_calls": [piece]}, finish_reason
+        if completion.finish_reason is None:
+            return {}, None
+        calls = self.tool.calls(self._text[index])
+        if not calls:  # cut short before its JSON closed: the text as it is
+            return ({"content": self._text[index]} if self._text[index] else {}), completion.finish_reason
+        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, finish_reason

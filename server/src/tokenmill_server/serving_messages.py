@@ -4,6 +4,7 @@ content_block_stop, message_delta, message_stop)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -25,25 +26,27 @@ from tokenmill_server.generation import (
 from tokenmill_server.protocol.anthropic import CountTokensRequest, MessagesRequest
 from tokenmill_server.sampling import check_context, check_model, stop_strings
 from tokenmill_server.state import ServerState, server_state
+from tokenmill_server.tool_choice import ToolChoice
 
 logger = logging.getLogger("tokenmill.server")
 PATH = "/v1/messages"
 
 
-def _check_features(body: CountTokensRequest) -> None:
-    tool_choice = (body.tool_choice or {}).get("type")
-    if body.tools and tool_choice != "none":
-        raise unsupported("Tool use (tools with a tool_choice other than {'type': 'none'})", "tool_choice")
+def _check_features(body: CountTokensRequest) -> ToolChoice | None:
+    """400s for what the request cannot have; returns the tool use it forces, if any."""
     if body.thinking and body.thinking.get("type") not in (None, "disabled"):
         raise unsupported("Extended thinking", "thinking")
+    return ToolChoice.from_anthropic(body.tools, body.tool_choice)
 
 
-async def _render(state: ServerState, body: CountTokensRequest) -> tuple[str, list[int]]:
+async def _render(state: ServerState, body: CountTokensRequest, tool: ToolChoice | None) -> tuple[str, list[int]]:
     conversation = anthropic_conversation(body.system, body.messages)
     prefill = conversation[-1]["role"] == "assistant"  # continue the assistant's partial answer
     options: dict[str, Any] = {"add_generation_prompt": not prefill}
     if prefill:
         options["continue_final_message"] = True
+    if tool is not None:
+        options["tools"] = tool.openai_tools()
     with engine_errors():
         return await state.engine.render_chat(conversation, **options)
 
@@ -52,26 +55,28 @@ async def count_tokens(body: CountTokensRequest, http: Request) -> Response:
     state = server_state(http)
     state.check_accepting()
     check_model(body.model, state.model)
-    _check_features(body)
-    _, ids = await _render(state, body)
+    _, ids = await _render(state, body, _check_features(body))
     return JSONResponse({"input_tokens": len(ids)})
 
 
-def _sampling_params(body: MessagesRequest, state: ServerState) -> SamplingParams:
+def _sampling_params(body: MessagesRequest, state: ServerState, tool: ToolChoice | None) -> SamplingParams:
     values = {k: v for k, v in state.model.generation_defaults.items() if k != "max_tokens"}
     for name in ("temperature", "top_p", "top_k"):
         if getattr(body, name) is not None:
             values[name] = getattr(body, name)
     values.update(max_tokens=body.max_tokens, stop=stop_strings(body.stop_sequences, state.limits, "stop_sequences"),
-                  output_kind=RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY)
+                  output_kind=RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY,
+                  structured_outputs=tool.constraint if tool is not None else None)
     try:
         return SamplingParams(**values)
     except ValueError as error:
         raise bad_request(str(error)) from None
 
 
-def stop_reason(completion: CompletionOutput) -> tuple[str, str | None]:
+def stop_reason(completion: CompletionOutput, tool_use: bool = False) -> tuple[str, str | None]:
     """Anthropic's (stop_reason, stop_sequence) for a finished completion."""
+    if tool_use:
+        return "tool_use", None
     if completion.finish_reason == "length":
         return "max_tokens", None
     if isinstance(completion.stop_reason, str):
@@ -83,15 +88,15 @@ async def create_message(body: MessagesRequest, http: Request) -> Response:
     state = server_state(http)
     state.check_accepting()
     name = check_model(body.model, state.model)
-    _check_features(body)
-    params = _sampling_params(body, state)
+    tool = _check_features(body)
+    params = _sampling_params(body, state, tool)
     with state.admission(1):
-        text, ids = await _render(state, body)
+        text, ids = await _render(state, body, tool)
     check_context(len(ids), body.max_tokens, state.model)
     message_id = new_request_id("msg").replace("-", "_")
     with engine_errors(state.metrics):
         stream = state.engine.add_request(message_id, ids, params, prompt_text=text)
-    view = _MessageView(message_id, name, len(ids))
+    view = _MessageView(message_id, name, len(ids), tool)
     if body.stream:
         return EventStreamResponse(view.stream(stream), on_close=lambda: state.engine.abort(message_id),
                                    budget=state.stream_budget(PATH))
@@ -103,18 +108,34 @@ async def create_message(body: MessagesRequest, http: Request) -> Response:
     finally:
         state.engine.abort(message_id)
     completion = output.outputs[0]
-    reason, sequence = stop_reason(completion)
+    uses = view.tool_uses(completion.text)
+    reason, sequence = stop_reason(completion, bool(uses))
     return JSONResponse({"id": message_id, "type": "message", "role": "assistant", "model": name,
-                         "content": [{"type": "text", "text": completion.text}], "stop_reason": reason,
+                         "content": uses or [{"type": "text", "text": completion.text}], "stop_reason": reason,
                          "stop_sequence": sequence,
                          "usage": view.usage(output.num_cached_tokens or 0, len(completion.token_ids))})
 
 
 class _MessageView:
-    def __init__(self, message_id: str, model: str, num_prompt_tokens: int) -> None:
+    def __init__(self, message_id: str, model: str, num_prompt_tokens: int, tool: ToolChoice | None = None) -> None:
         self.id = message_id
         self.model = model
         self.num_prompt_tokens = num_prompt_tokens
+        self.tool = tool
+
+    def tool_uses(self, text: str) -> list[dict[str, Any]]:
+        """The ``tool_use`` content blocks of a forced call's whole output (none if it was cut short)."""
+        if self.tool is None:
+            return []
+        uses = []
+        for call in self.tool.calls(text):
+            try:
+                arguments = json.loads(call["function"]["arguments"])
+            except ValueError:
+                return []
+            uses.append({"type": "tool_use", "id": call["id"].replace("chatcmpl-tool-", "toolu_"),
+                         "name": call["function"]["name"], "input": arguments})
+        return uses
 
     def usage(self, cached: int, output_tokens: int) -> dict[str, int]:
         """Anthropic counts cache reads apart from input_tokens."""
@@ -127,19 +148,24 @@ class _MessageView:
             yield named_event("message_start", {"type": "message_start", "message": {
                 "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                 "stop_reason": None, "stop_sequence": None, "usage": self.usage(0, 0)}})
-            yield named_event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                      "content_block": {"type": "text", "text": ""}})
+            if self.tool is None:
+                yield named_event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                          "content_block": {"type": "text", "text": ""}})
             yield named_event("ping", {"type": "ping"})
+            text = ""
             with engine_errors():
                 async for output in outputs:
                     completion = output.outputs[0]
                     output_tokens += len(completion.token_ids)
-                    if completion.text:
+                    text += completion.text
+                    if completion.text and self.tool is None:
                         yield named_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
                             "type": "text_delta", "text": completion.text}})
                     if completion.finish_reason is not None:
-                        reason, sequence = stop_reason(completion)
-                        yield named_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+                        uses = self.tool_uses(text)
+                        for event in self._whole_blocks(uses, text):
+                            yield event
+                        reason, sequence = stop_reason(completion, bool(uses))
                         yield named_event("message_delta", {
                             "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                             "usage": {"output_tokens": output_tokens}})
@@ -150,3 +176,17 @@ class _MessageView:
         except Exception:
             logger.exception("message stream failed")
             yield named_event("error", error_body(ApiError(500, "Internal server error."), PATH))
+
+    def _whole_blocks(self, uses: list[dict[str, Any]], text: str):
+        """The end of a streamed message's content: the text block's stop, or (a forced tool call) each
+        tool_use block whole (start, its input as one input_json_delta, stop), or the cut-short text."""
+        if self.tool is None:
+            yield named_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            return
+        blocks = [({**use, "input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(use["input"])})
+                  for use in uses] or [({"type": "text", "text": ""}, {"type": "text_delta", "text": text})]
+        for index, (block, delta) in enumerate(blocks):
+            yield named_event("content_block_start", {"type": "content_block_start", "index": index,
+                                                      "content_block": block})
+            yield named_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+            yield named_event("content_block_stop", {"type": "content_block_stop", "index": index})
