@@ -37,6 +37,17 @@ def test_serve_is_registered_with_engine_and_server_flags(parser):
     assert defaults.port == 8000 and defaults.max_waiting_requests == 1024 and defaults.grpc_port is None
 
 
+def test_auto_tool_choice_flags(parser):
+    settings = settings_from(parser.parse_args(["serve", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]))
+    assert settings.tool_call_parser == "hermes" and settings.request_limits().tool_call_parser == "hermes"
+    assert settings_from(parser.parse_args(["serve", "--tool-call-parser", "hermes"])).tool_call_parser is None
+    assert settings_from(parser.parse_args(["serve"])).request_limits().tool_call_parser is None
+    with pytest.raises(ValueError, match="--tool-call-parser"):
+        settings_from(parser.parse_args(["serve", "--enable-auto-tool-choice"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--tool-call-parser", "nope"])
+
+
 def test_api_keys_merge_flags_and_environment():
     assert api_keys(["x, y", "x"], {"TOKENMILL_API_KEY": "z,,y"}) == ("x", "y", "z")
     assert api_keys(None, {}) == ()

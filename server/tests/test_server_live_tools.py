@@ -4,7 +4,8 @@ tool call (whole, or streamed piece by piece), "required" returns calls of the l
 import json
 
 import httpx
-from server_live import sse_events
+import pytest
+from server_live import LiveServer, sse_events
 
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -61,3 +62,54 @@ def test_forced_call_with_response_format_is_400(tiny_server):
                           json={"messages": USER, "tools": [WEATHER], "tool_choice": NAMED,
                                 "response_format": {"type": "json_object"}})
     assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice"
+
+
+@pytest.fixture(scope="module")
+def auto_server(tiny_model, tmp_path_factory):
+    server = LiveServer(str(tiny_model), "--kv-cache-memory", "32MiB", "--enable-auto-tool-choice",
+                        "--tool-call-parser", "hermes", log=tmp_path_factory.mktemp("auto-tools") / "server.log")
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+# the tiny model's words are random: a regex makes it answer as a Hermes-style model would
+HERMES_CALL = r'Checking\.<tool_call>\{"name": "get_time", "arguments": \{"zone": "UTC"\}\}</tool_call>'
+
+
+def test_auto_reads_calls_in_the_models_syntax(auto_server):
+    choice = chat(auto_server, tools=[WEATHER, TIME], max_tokens=120, structured_outputs={"regex": HERMES_CALL})
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Checking."
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
+    plain = chat(auto_server, tools=[WEATHER], tool_choice="auto", structured_outputs={"regex": "Hi there"})
+    assert plain["message"] == {"role": "assistant", "content": "Hi there", "tool_calls": []}
+    assert plain["finish_reason"] == "stop"
+
+
+def test_auto_streams_content_then_calls(auto_server):
+    with httpx.stream("POST", auto_server.url + "/v1/chat/completions", timeout=60,
+                      json={"messages": USER, "max_tokens": 120, "temperature": 0, "stream": True,
+                            "tools": [WEATHER, TIME], "structured_outputs": {"regex": HERMES_CALL}}) as response:
+        chunks = [json.loads(d) for _, d in sse_events(response) if d != "[DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+    [calls] = [d["tool_calls"] for d in deltas if d.get("tool_calls")]
+    assert calls[0]["function"]["name"] == "get_time" and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_anthropic_auto_tool_use(auto_server):
+    from tokenmill_server.serving_messages import _MessageView
+    from tokenmill_server.tool_choice import ToolChoice
+
+    tools = [{"name": "get_time", "input_schema": TIME["function"]["parameters"]}]
+    response = httpx.post(auto_server.url + "/v1/messages", timeout=60,
+                          json={"max_tokens": 5, "messages": USER, "temperature": 0, "tools": tools})
+    assert response.status_code == 200, response.text  # accepted; this random model answers in text
+    assert response.json()["content"][0]["type"] == "text"
+    view = _MessageView("msg_1", "m", 3, ToolChoice.from_anthropic(tools, None, "hermes"))
+    blocks = view.content_blocks('Checking.<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>')
+    assert [b["type"] for b in blocks] == ["text", "tool_use"] and blocks[1]["input"] == {"zone": "UTC"}
+    assert blocks[1]["id"].startswith("toolu_") and blocks[0]["text"] == "Checking."
+    assert view.content_blocks("plain") == [{"type": "text", "text": "plain"}]

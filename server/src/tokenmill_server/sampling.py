@@ -39,6 +39,7 @@ class RequestLimits:
     max_prompts: int = 64
     max_embedding_inputs: int = 2048
     max_tools: int = 128
+    tool_call_parser: str | None = None  # set: tool_choice "auto" is served, reading calls with this parser
     trust_request_chat_template: bool = False
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tokenmill.config import parse_size
 from tokenmill_server.sampling import RequestLimits
+from tokenmill_server.tool_parsers import PARSERS
 
 API_KEY_ENV = "TOKENMILL_API_KEY"
 
@@ -37,6 +38,7 @@ class ServerSettings:
     write_timeout: float = 60.0
     socket_send_buffer: int = 0
     trust_request_chat_template: bool = False
+    tool_call_parser: str | None = None  # set: tool_choice "auto" reads calls from the output with it
     shutdown_timeout: float = 0.0
     keep_alive_on_engine_death: bool = False
     log_interval: float = 5.0
@@ -47,7 +49,7 @@ class ServerSettings:
         return RequestLimits(max_n=self.max_n, max_stop_sequences=self.max_stop_sequences,
                              max_stop_length=self.max_stop_length, max_logit_bias=self.max_logit_bias,
                              max_prompts=self.max_prompts, max_embedding_inputs=self.max_embedding_inputs,
-                             max_tools=self.max_tools,
+                             max_tools=self.max_tools, tool_call_parser=self.tool_call_parser,
                              trust_request_chat_template=self.trust_request_chat_template)
 
 
@@ -78,6 +80,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-embedding-inputs", type=int, default=2048,
                        help="most inputs in one /v1/embeddings request (default: 2048, as OpenAI)")
     group.add_argument("--max-tools", type=int, default=128, help="most tools in one request (default: 128)")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="let the model decide to call tools (tool_choice 'auto'); needs --tool-call-parser")
+    group.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
+                       help="the model family's tool-call syntax, read from its output for tool_choice 'auto'")
     group.add_argument("--max-waiting-requests", type=int, default=1024,
                        help="sequences allowed to wait beyond --max-num-seqs before new requests get 503 "
                             "(default: 1024; -1: unbounded)")
@@ -106,6 +112,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(namespace: argparse.Namespace) -> ServerSettings:
+    """ServerSettings from parsed flags; ValueError for flags that do not go together."""
+    if namespace.enable_auto_tool_choice and namespace.tool_call_parser is None:
+        raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser (one of {', '.join(sorted(PARSERS))})")
     origins = tuple(o.strip() for o in namespace.allowed_origins.split(",") if o.strip())
     waiting = namespace.max_waiting_requests
     return ServerSettings(
@@ -120,6 +129,7 @@ def settings_from(namespace: argparse.Namespace) -> ServerSettings:
         request_read_timeout=namespace.request_read_timeout, write_timeout=namespace.write_timeout,
         socket_send_buffer=parse_size(namespace.socket_send_buffer),
         trust_request_chat_template=namespace.trust_request_chat_template,
+        tool_call_parser=namespace.tool_call_parser if namespace.enable_auto_tool_choice else None,
         shutdown_timeout=namespace.shutdown_timeout, keep_alive_on_engine_death=namespace.keep_alive_on_engine_death,
         log_interval=namespace.log_interval, ready_timeout=namespace.ready_timeout,
         uvicorn_log_level=namespace.uvicorn_log_level)

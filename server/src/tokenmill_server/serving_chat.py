@@ -53,8 +53,8 @@ def _check_features(body: ChatCompletionRequest, state: ServerState) -> ToolChoi
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true.", "top_logprobs")
     check_logprobs(body.top_logprobs, state.model, "top_logprobs")
-    tool = ToolChoice.from_request(tools, choice, body.parallel_tool_calls)
-    if tool is not None and (body.structured_outputs is not None or
+    tool = ToolChoice.from_request(tools, choice, body.parallel_tool_calls, state.limits.tool_call_parser)
+    if tool is not None and tool.forced and (body.structured_outputs is not None or
                              (body.response_format is not None and body.response_format.type != "text")):
         raise bad_request("A forced tool call already fixes the output's format: drop response_format and "
                           "structured_outputs, or tool_choice.", "tool_choice")
@@ -88,7 +88,7 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
         max_tokens = min(int(default_limit), state.model.max_model_len - len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     response_format = body.response_format.model_dump() if body.response_format is not None else None
-    constraint = tool.constraint if tool is not None else structured_outputs(body, response_format)
+    constraint = tool.constraint if tool is not None and tool.forced else structured_outputs(body, response_format)
     params = build_sampling_params(body, state.limits, state.model, max_tokens=max_tokens, logprobs=logprobs,
                                    stream=body.stream, constraint=constraint)
     check_token_ids(params, state.model)
@@ -137,9 +137,9 @@ class _ChatView:
             usage.completion_tokens += len(completion.token_ids)
             message: dict[str, Any] = {"role": "assistant", "content": self.echo + completion.text, "tool_calls": []}
             finish_reason = completion.finish_reason
-            calls = self.tool.calls(completion.text) if self.tool is not None else []
+            content, calls = self.tool.parse(completion.text) if self.tool is not None else (None, [])
             if calls:
-                message.update(content=self.echo or None, tool_calls=calls)
+                message.update(content=self.echo + content if content else self.echo or None, tool_calls=calls)
                 finish_reason = self.tool.finish_reason if finish_reason == "stop" else finish_reason
             choices.append({"index": completion.index, "message": message, "logprobs": self._logprobs(completion),
                             "finish_reason": finish_reason, "stop_reason": completion.stop_reason})
@@ -200,12 +200,14 @@ class _ChatView:
 
 class _StreamedCalls:
     """Chunk deltas of a streamed choice: its text, or the tool calls a forced call makes of it (a named
-    call's arguments as they come; the calls of "required" whole, when the output ends)."""
+    call's arguments as they come; the calls of "required" whole, when the output ends); an "auto"
+    answer streams as content up to where a call may begin, and its calls come whole at the end."""
 
     def __init__(self, tool: ToolChoice | None) -> None:
         self.tool = tool
         self._text: dict[int, str] = {}
         self._named_started: set[int] = set()
+        self._content_sent: dict[int, int] = {}
 
     def delta(self, completion: CompletionOutput, text: str) -> tuple[dict[str, Any], str | None]:
         finish_reason = completion.finish_reason
@@ -213,6 +215,8 @@ class _StreamedCalls:
             return ({"content": text} if text else {}), finish_reason
         index = completion.index
         self._text[index] = self._text.get(index, "") + text
+        if self.tool.parser is not None:
+            return self._auto_delta(index, finish_reason)
         if finish_reason == "stop":
             finish_reason = self.tool.finish_reason
         if self.tool.named is not None:
@@ -230,3 +234,17 @@ class _StreamedCalls:
         if not calls:  # cut short before its JSON closed: the text as it is
             return ({"content": self._text[index]} if self._text[index] else {}), completion.finish_reason
         return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, finish_reason
+
+    def _auto_delta(self, index: int, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        whole, sent = self._text[index], self._content_sent.get(index, 0)
+        if finish_reason is None:
+            end = self.tool.content_end(whole)
+            if end <= sent:
+                return {}, None
+            self._content_sent[index] = end
+            return {"content": whole[sent:end]}, None
+        _, calls = self.tool.parse(whole)
+        if not calls:
+            return ({"content": whole[sent:]} if whole[sent:] else {}), finish_reason
+        return ({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]},
+                self.tool.finish_reason if finish_reason == "stop" else finish_reason)

@@ -32,11 +32,11 @@ logger = logging.getLogger("tokenmill.server")
 PATH = "/v1/messages"
 
 
-def _check_features(body: CountTokensRequest) -> ToolChoice | None:
-    """400s for what the request cannot have; returns the tool use it forces, if any."""
+def _check_features(body: CountTokensRequest, state: ServerState) -> ToolChoice | None:
+    """400s for what the request cannot have; returns how its tools shape the output, if they do."""
     if body.thinking and body.thinking.get("type") not in (None, "disabled"):
         raise unsupported("Extended thinking", "thinking")
-    return ToolChoice.from_anthropic(body.tools, body.tool_choice)
+    return ToolChoice.from_anthropic(body.tools, body.tool_choice, state.limits.tool_call_parser)
 
 
 async def _render(state: ServerState, body: CountTokensRequest, tool: ToolChoice | None) -> tuple[str, list[int]]:
@@ -55,7 +55,7 @@ async def count_tokens(body: CountTokensRequest, http: Request) -> Response:
     state = server_state(http)
     state.check_accepting()
     check_model(body.model, state.model)
-    _, ids = await _render(state, body, _check_features(body))
+    _, ids = await _render(state, body, _check_features(body, state))
     return JSONResponse({"input_tokens": len(ids)})
 
 
@@ -66,7 +66,7 @@ def _sampling_params(body: MessagesRequest, state: ServerState, tool: ToolChoice
             values[name] = getattr(body, name)
     values.update(max_tokens=body.max_tokens, stop=stop_strings(body.stop_sequences, state.limits, "stop_sequences"),
                   output_kind=RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY,
-                  structured_outputs=tool.constraint if tool is not None else None)
+                  structured_outputs=tool.constraint if tool is not None else None)  # None for "auto"
     try:
         return SamplingParams(**values)
     except ValueError as error:
@@ -88,7 +88,7 @@ async def create_message(body: MessagesRequest, http: Request) -> Response:
     state = server_state(http)
     state.check_accepting()
     name = check_model(body.model, state.model)
-    tool = _check_features(body)
+    tool = _check_features(body, state)
     params = _sampling_params(body, state, tool)
     with state.admission(1):
         text, ids = await _render(state, body, tool)
@@ -108,10 +108,10 @@ async def create_message(body: MessagesRequest, http: Request) -> Response:
     finally:
         state.engine.abort(message_id)
     completion = output.outputs[0]
-    uses = view.tool_uses(completion.text)
-    reason, sequence = stop_reason(completion, bool(uses))
+    blocks = view.content_blocks(completion.text)
+    reason, sequence = stop_reason(completion, blocks[-1]["type"] == "tool_use")
     return JSONResponse({"id": message_id, "type": "message", "role": "assistant", "model": name,
-                         "content": uses or [{"type": "text", "text": completion.text}], "stop_reason": reason,
+                         "content": blocks, "stop_reason": reason,
                          "stop_sequence": sequence,
                          "usage": view.usage(output.num_cached_tokens or 0, len(completion.token_ids))})
 
@@ -123,19 +123,23 @@ class _MessageView:
         self.num_prompt_tokens = num_prompt_tokens
         self.tool = tool
 
-    def tool_uses(self, text: str) -> list[dict[str, Any]]:
-        """The ``tool_use`` content blocks of a forced call's whole output (none if it was cut short)."""
+    def content_blocks(self, text: str) -> list[dict[str, Any]]:
+        """A whole output as content blocks: its text, and a ``tool_use`` block per call it makes (an
+        output cut short before its call's JSON closed stays text)."""
         if self.tool is None:
-            return []
+            return [{"type": "text", "text": text}]
+        content, calls = self.tool.parse(text)
         uses = []
-        for call in self.tool.calls(text):
+        for call in calls:
             try:
                 arguments = json.loads(call["function"]["arguments"])
             except ValueError:
-                return []
+                return [{"type": "text", "text": text}]
             uses.append({"type": "tool_use", "id": call["id"].replace("chatcmpl-tool-", "toolu_"),
                          "name": call["function"]["name"], "input": arguments})
-        return uses
+        if not uses:
+            return [{"type": "text", "text": text}]
+        return ([{"type": "text", "text": content}] if content else []) + uses
 
     def usage(self, cached: int, output_tokens: int) -> dict[str, int]:
         """Anthropic counts cache reads apart from input_tokens."""
@@ -162,10 +166,10 @@ class _MessageView:
                         yield named_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
                             "type": "text_delta", "text": completion.text}})
                     if completion.finish_reason is not None:
-                        uses = self.tool_uses(text)
-                        for event in self._whole_blocks(uses, text):
+                        blocks = self.content_blocks(text)
+                        for event in self._whole_blocks(blocks):
                             yield event
-                        reason, sequence = stop_reason(completion, bool(uses))
+                        reason, sequence = stop_reason(completion, blocks[-1]["type"] == "tool_use")
                         yield named_event("message_delta", {
                             "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                             "usage": {"output_tokens": output_tokens}})
@@ -177,15 +181,18 @@ class _MessageView:
             logger.exception("message stream failed")
             yield named_event("error", error_body(ApiError(500, "Internal server error."), PATH))
 
-    def _whole_blocks(self, uses: list[dict[str, Any]], text: str):
-        """The end of a streamed message's content: the text block's stop, or (a forced tool call) each
-        tool_use block whole (start, its input as one input_json_delta, stop), or the cut-short text."""
+    def _whole_blocks(self, blocks: list[dict[str, Any]]):
+        """The end of a streamed message's content: the text block's stop, or (with tools) each block
+        whole: start, one delta (the text, or a tool's input as one input_json_delta), stop."""
         if self.tool is None:
             yield named_event("content_block_stop", {"type": "content_block_stop", "index": 0})
             return
-        blocks = [({**use, "input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(use["input"])})
-                  for use in uses] or [({"type": "text", "text": ""}, {"type": "text_delta", "text": text})]
-        for index, (block, delta) in enumerate(blocks):
+        for index, block in enumerate(blocks):
+            if block["type"] == "tool_use":
+                block, delta = {**block, "input": {}}, {"type": "input_json_delta",
+                                                        "partial_json": json.dumps(block["input"])}
+            else:
+                block, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
             yield named_event("content_block_start", {"type": "content_block_start", "index": index,
                                                       "content_block": block})
             yield named_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})

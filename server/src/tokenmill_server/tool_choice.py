@@ -1,10 +1,10 @@
-"""ToolChoice: a forced tool call (``tool_choice`` a named function, or ``"required"``) as a structured-output
-constraint, and the generated JSON turned back into the response's ``tool_calls``.
+"""ToolChoice: how a request's tools shape its output, and how the output reads back as ``tool_calls``.
 
-A named function constrains the output to that function's parameters (the JSON is the call's
-``arguments``, streamed as it comes); ``"required"`` constrains it to a non-empty JSON array of
-``{"name", "parameters"}`` objects, one per call (sent whole when the output ends). ``"auto"`` needs a
-parser for the model's own tool-call syntax, which this server does not have: it is refused, as before.
+A named function constrains the output (a structured-output JSON schema) to that function's parameters:
+the JSON is the call's ``arguments``, streamed as it comes. ``"required"`` constrains it to a non-empty
+JSON array of ``{"name", "parameters"}`` objects, one per call (sent whole when the output ends).
+``"auto"`` leaves the output free and reads calls from the model's own syntax with the server's
+``--tool-call-parser``; without one it is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from tokenmill.structured import StructuredOutputsParams
 from tokenmill_server.errors import bad_request, unsupported
+from tokenmill_server.tool_parsers import tool_call_parser
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -49,23 +50,29 @@ def _call(name: str, arguments: str) -> dict[str, Any]:
 class ToolChoice:
     """The tool call a request forces: its output constraint, and how the output reads as tool calls."""
 
-    def __init__(self, functions: dict[str, dict[str, Any]], named: str | None, parallel: bool = True) -> None:
+    def __init__(self, functions: dict[str, dict[str, Any]], named: str | None, parallel: bool = True,
+                 parser: str | None = None) -> None:
         self.functions = functions
-        self.named = named  # None: "required" (one or more calls of any of the functions)
+        self.named = named  # None: "required" (one or more calls of any of the functions), or "auto"
         self.parallel = parallel  # False: "required" makes exactly one call
+        self.parser = tool_call_parser(parser) if parser is not None else None  # set: "auto"
 
     @classmethod
     def from_request(cls, tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None,
-                     parallel_tool_calls: bool | None = None) -> ToolChoice | None:
-        """None when no call is forced (no tools, or tool_choice "none"); 400 for "auto" or a bad choice.
-        ``parallel_tool_calls`` false limits "required" to one call."""
+                     parallel_tool_calls: bool | None = None, parser: str | None = None) -> ToolChoice | None:
+        """None without tools or for tool_choice "none"; 400 for a bad choice, and for "auto" (the default
+        with tools) when the server has no ``parser``. ``parallel_tool_calls`` false limits "required" to
+        one call."""
         if not tools or choice == "none":
             return None
         functions = _parameters(tools)
+        if (choice is None or choice == "auto") and parser is not None:
+            return cls(functions, None, parser=parser)
         if choice is None or choice == "auto":
             raise unsupported("Tool calling with tool_choice 'auto' (it needs a parser for the model's own "
-                              "tool-call format); force a call (OpenAI: 'required' or a named function; "
-                              "Anthropic: 'any' or 'tool'), or pass 'none'", "tool_choice")
+                              "tool-call format: start the server with --enable-auto-tool-choice --tool-call-parser); "
+                              "force a call (OpenAI: 'required' or a named function; Anthropic: 'any' or "
+                              "'tool'), or pass 'none'", "tool_choice")
         if choice == "required":
             tool = cls(functions, None, parallel=parallel_tool_calls is not False)
         else:
@@ -81,7 +88,8 @@ class ToolChoice:
         return tool
 
     @classmethod
-    def from_anthropic(cls, tools: list[dict[str, Any]] | None, choice: dict[str, Any] | None) -> ToolChoice | None:
+    def from_anthropic(cls, tools: list[dict[str, Any]] | None, choice: dict[str, Any] | None,
+                       parser: str | None = None) -> ToolChoice | None:
         """The same from Anthropic's tools (``name``, ``input_schema``) and tool_choice (``{"type": "tool",
         "name"}`` a named call, ``"any"`` one or more calls, ``"auto"`` refused, ``"none"``)."""
         if not tools:
@@ -96,7 +104,7 @@ class ToolChoice:
         if kind == "tool":
             return cls.from_request(functions, {"type": "function", "function": {"name": choice.get("name")}})
         openai_choice = {"any": "required", "none": "none"}.get(kind, "auto")
-        return cls.from_request(functions, openai_choice, parallel)
+        return cls.from_request(functions, openai_choice, parallel, parser)
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """The functions as OpenAI tool definitions (what chat templates expect)."""
@@ -104,8 +112,15 @@ class ToolChoice:
                 for name, parameters in self.functions.items()]
 
     @property
-    def constraint(self) -> StructuredOutputsParams:
-        """The JSON the output must be: the named function's arguments, or an array of calls."""
+    def forced(self) -> bool:
+        """Whether the output is constrained to calls (a named function or "required"), not "auto"."""
+        return self.parser is None
+
+    @property
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The JSON the output must be: the named function's arguments, or an array of calls (None: "auto")."""
+        if self.parser is not None:
+            return None
         if self.named is not None:
             schema = self.functions[self.named]
         else:
@@ -124,14 +139,27 @@ class ToolChoice:
         return "stop" if self.named is not None else "tool_calls"
 
     def calls(self, text: str) -> list[dict[str, Any]]:
-        """The tool calls a whole output makes (none when it was cut short before its JSON closed)."""
+        """The tool calls a whole output makes (none when it was cut short before its JSON closed, or
+        when an "auto" answer called nothing)."""
+        return self.parse(text)[1]
+
+    def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """A whole output as (content, tool calls): a forced call has no content; an "auto" answer
+        without calls is all content."""
+        if self.parser is not None:
+            parsed = self.parser.parse(text)
+            return parsed.content, [_call(name, arguments) for name, arguments in parsed.calls]
         if self.named is not None:
-            return [_call(self.named, text)]
+            return None, [_call(self.named, text)]
         try:
             calls = json.loads(text)
         except ValueError:
-            return []
-        return [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
+            return text, []
+        return None, [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
+
+    def content_end(self, text: str) -> int:
+        """How much of a streamed "auto" answer is surely content (the rest may be a call's start)."""
+        return self.parser.content_end(text) if self.parser is not None else 0
 
     def first_delta(self, text: str) -> dict[str, Any]:
         """A named call's first streamed piece: its id and name with the arguments so far."""

@@ -1,0 +1,114 @@
+"""Tool-call parsers: a model family's own tool-call syntax in its output text -> the answer's content and
+its tool calls (vLLM's ``--tool-call-parser`` names), for ``tool_choice: "auto"``.
+
+- ``hermes`` (Hermes, Qwen 2.5/3, SmolLM3 and others): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  blocks after optional text.
+- ``llama3_json`` (Llama 3.1-3.3): the whole answer is ``{"name": ..., "parameters": {...}}`` (optionally
+  after ``<|python_tag|>``), several calls separated by ``;``.
+
+An output that does not parse as calls is plain content: nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ParsedOutput:
+    """The answer's text (None when there is none besides the calls) and its calls as (name, arguments JSON)."""
+
+    content: str | None
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _call(obj: object, arguments_key: str) -> tuple[str, str] | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = obj.get(arguments_key, obj.get("arguments", {}))
+    if not isinstance(arguments, dict):
+        return None
+    return obj["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def _held_back(text: str, marker: str) -> int:
+    """How many trailing characters of ``text`` could be the start of ``marker``."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0
+
+
+class HermesParser:
+    """``<tool_call>{json}</tool_call>`` blocks."""
+
+    name = "hermes"
+    START, END = "<tool_call>", "</tool_call>"
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+
+    def parse(self, text: str) -> ParsedOutput:
+        """Content before the first block, and one call per block (all or nothing)."""
+        start = text.find(self.START)
+        if start < 0:
+            return ParsedOutput(text)
+        calls = []
+        for body in self._BLOCK.findall(text[start:]):
+            try:
+                call = _call(json.loads(body), "arguments")
+            except ValueError:
+                call = None
+            if call is None:
+                return ParsedOutput(text)
+            calls.append(call)
+        return ParsedOutput(text[:start].strip() or None, calls)
+
+    def content_end(self, text: str) -> int:
+        """How much of a streamed ``text`` is surely content (the rest may open a tool call)."""
+        start = text.find(self.START)
+        return start if start >= 0 else len(text) - _held_back(text, self.START)
+
+
+class Llama3JsonParser:
+    """A whole answer of ``{"name", "parameters"}`` objects separated by ``;``."""
+
+    name = "llama3_json"
+    TAG = "<|python_tag|>"
+
+    def parse(self, text: str) -> ParsedOutput:
+        """Calls when the whole answer is calls, else the answer as content."""
+        body = text.strip()
+        body = body[len(self.TAG):].lstrip() if body.startswith(self.TAG) else body
+        if not body.startswith("{"):
+            return ParsedOutput(text)
+        decoder, calls, position = json.JSONDecoder(), [], 0
+        while position < len(body):
+            try:
+                obj, position = decoder.raw_decode(body, position)
+            except ValueError:
+                return ParsedOutput(text)
+            call = _call(obj, "parameters")
+            if call is None:
+                return ParsedOutput(text)
+            calls.append(call)
+            while position < len(body) and body[position] in " \t\r\n;":
+                position += 1
+        return ParsedOutput(None, calls)
+
+    def content_end(self, text: str) -> int:
+        """0 while the answer may still turn out to be calls (it starts with ``{`` or the tag), else all."""
+        head = text.lstrip()
+        if not head or head.startswith("{") or head.startswith(self.TAG) or self.TAG.startswith(head):
+            return 0
+        return len(text)
+
+
+PARSERS = {parser.name: parser for parser in (HermesParser, Llama3JsonParser)}
+
+
+def tool_call_parser(name: str) -> HermesParser | Llama3JsonParser:
+    """The parser called ``name``; ValueError naming the choices for another."""
+    if name not in PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}: choose one of {', '.join(sorted(PARSERS))}")
+    return PARSERS[name]()
