@@ -37,6 +37,18 @@ def test_generate_streamed_and_final(stub):
     assert sorted(o.index for o in outputs) == [0, 1] and all(o.prompt_tokens == 3 for o in outputs)
 
 
+def test_structured_outputs(stub):
+    client, _ = stub
+    choice = pb.StructuredOutputs(choice=pb.Choices(values=["alpha", "beta"]))
+    [reply] = list(client.Generate(request(max_tokens=20, temperature=0, structured_outputs=choice), timeout=60))
+    assert reply.text in ("alpha", "beta") and reply.finish_reason == "stop"
+    schema = pb.StructuredOutputs(json_schema='{"type": "object", "properties": {"ok": {"type": "boolean"}}, '
+                                              '"required": ["ok"], "additionalProperties": false}',
+                                  disable_any_whitespace=True)
+    [reply] = list(client.Generate(request(max_tokens=30, temperature=0, structured_outputs=schema), timeout=60))
+    assert reply.text in ('{"ok": true}', '{"ok": false}', '{"ok":true}', '{"ok":false}'), reply.text
+
+
 def test_model_info_and_health(stub, tiny_server):
     client, channel = stub
     info = client.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
@@ -55,6 +67,10 @@ def test_model_info_and_health(stub, tiny_server):
     (request(max_tokens=10_000), grpc.StatusCode.INVALID_ARGUMENT),
     (pb.GenerateRequest(text=""), grpc.StatusCode.INVALID_ARGUMENT),
     (pb.GenerateRequest(model="nope", text="x"), grpc.StatusCode.NOT_FOUND),
+    (request(structured_outputs=pb.StructuredOutputs()), grpc.StatusCode.INVALID_ARGUMENT),
+    (request(structured_outputs=pb.StructuredOutputs(regex="a(")), grpc.StatusCode.INVALID_ARGUMENT),
+    (request(structured_outputs=pb.StructuredOutputs(json_schema='{"type": 5}')), grpc.StatusCode.INVALID_ARGUMENT),
+    (request(structured_outputs=pb.StructuredOutputs(choice=pb.Choices())), grpc.StatusCode.INVALID_ARGUMENT),
 ])
 def test_errors_map_to_status_codes(stub, bad, code):
     client, _ = stub

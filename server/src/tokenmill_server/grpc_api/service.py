@@ -14,10 +14,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import tokenmill
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+from tokenmill.structured import StructuredOutputsParams
 from tokenmill_server.errors import ApiError
 from tokenmill_server.generation import check_text, engine_errors, new_request_id
 from tokenmill_server.grpc_api import tokenmill_pb2 as pb
 from tokenmill_server.grpc_api import tokenmill_pb2_grpc as pb_grpc
+from tokenmill_server.protocol.common import MAX_GRAMMAR_CHARS
 from tokenmill_server.sampling import check_context, check_model, logit_bias, stop_strings
 from tokenmill_server.server_args import ServerSettings
 from tokenmill_server.state import ServerState
@@ -127,12 +129,32 @@ class TokenmillServicer(pb_grpc.TokenmillServicer):
                       include_stop_str_in_output=given.include_stop_str_in_output,
                       logit_bias=logit_bias({str(k): v for k, v in given.logit_bias.items()}, limits),
                       output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY)
+        if given.HasField("structured_outputs"):
+            values["structured_outputs"] = _constraint(given.structured_outputs)
         try:
             params = SamplingParams(**values)
             params.check_token_ids(self.state.model.vocab_size)
             return params
         except ValueError as error:
             raise ApiError(400, str(error)) from None
+
+
+def _constraint(given: pb.StructuredOutputs) -> StructuredOutputsParams:
+    """The message's one constraint, checked like the HTTP API's structured_outputs (400 otherwise)."""
+    kind = given.WhichOneof("constraint")
+    if kind is None:
+        raise ApiError(400, "structured_outputs needs one constraint.", param="structured_outputs")
+    value = list(given.choice.values) if kind == "choice" else getattr(given, kind)
+    if isinstance(value, str) and len(value) > MAX_GRAMMAR_CHARS:
+        raise ApiError(400, f"structured_outputs.{kind} is longer than {MAX_GRAMMAR_CHARS} characters.",
+                       param="structured_outputs")
+    try:
+        constraint = StructuredOutputsParams(**{"json" if kind == "json_schema" else kind: value},
+                                             disable_any_whitespace=given.disable_any_whitespace)
+        constraint.check_grammar()
+    except ValueError as error:
+        raise ApiError(400, str(error), param="structured_outputs") from None
+    return constraint
 
 
 class GrpcServer:

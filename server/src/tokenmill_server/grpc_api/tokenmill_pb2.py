@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tokenmill_server/grpc_api/tokenmill.proto\x12\x0ctokenmill.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xfa\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x04\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x08 \x01(\rH\x05\x88\x01\x01\x12\x12\n\nmin_tokens\x18\t \x01(\r\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x0e\n\x01n\x18\r \x01(\rH\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x0e \x01(\x03H\x07\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12 \n\x13skip_special_tokens\x18\x10 \x01(\x08H\x08\x88\x01\x01\x12?\n\nlogit_bias\x18\x11 \x03(\x0b\x32+.tokenmill.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\r\n\x0b_max_tokensB\x04\n\x02_nB\x07\n\x05_seedB\x16\n\x14_skip_special_tokens\"\xad\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.tokenmill.v1.TokenIdsH\x00\x12\x35\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1c.tokenmill.v1.SamplingParams\x12\x0e\n\x06stream\x18\x05 \x01(\x08\x42\x07\n\x05input\"\xb7\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"\x15\n\x13GetModelInfoRequest\"l\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x14\n\x0cmax_logprobs\x18\x04 \x01(\r\x12\x0f\n\x07version\x18\x05 \x01(\t2\xa4\x01\n\tTokenmill\x12K\n\x08Generate\x12\x1d.tokenmill.v1.GenerateRequest\x1a\x1e.tokenmill.v1.GenerateResponse0\x01\x12J\n\x0cGetModelInfo\x12!.tokenmill.v1.GetModelInfoRequest\x1a\x17.tokenmill.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tokenmill_server/grpc_api/tokenmill.proto\x12\x0ctokenmill.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xb7\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x04\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x08 \x01(\rH\x05\x88\x01\x01\x12\x12\n\nmin_tokens\x18\t \x01(\r\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x0e\n\x01n\x18\r \x01(\rH\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x0e \x01(\x03H\x07\x88\x01\x01\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12 \n\x13skip_special_tokens\x18\x10 \x01(\x08H\x08\x88\x01\x01\x12?\n\nlogit_bias\x18\x11 \x03(\x0b\x32+.tokenmill.v1.SamplingParams.LogitBiasEntry\x12;\n\x12structured_outputs\x18\x12 \x01(\x0b\x32\x1f.tokenmill.v1.StructuredOutputs\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\r\n\x0b_max_tokensB\x04\n\x02_nB\x07\n\x05_seedB\x16\n\x14_skip_special_tokens\"\xbc\x01\n\x11StructuredOutputs\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12\'\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x15.tokenmill.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x0c\n\nconstraint\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t\"\xad\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.tokenmill.v1.TokenIdsH\x00\x12\x35\n\x0fsampling_params\x18\x04 \x01(\x0b\x32\x1c.tokenmill.v1.SamplingParams\x12\x0e\n\x06stream\x18\x05 \x01(\x08\x42\x07\n\x05input\"\xb7\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"\x15\n\x13GetModelInfoRequest\"l\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x14\n\x0cmax_logprobs\x18\x04 \x01(\r\x12\x0f\n\x07version\x18\x05 \x01(\t2\xa4\x01\n\tTokenmill\x12K\n\x08Generate\x12\x1d.tokenmill.v1.GenerateRequest\x1a\x1e.tokenmill.v1.GenerateResponse0\x01\x12J\n\x0cGetModelInfo\x12!.tokenmill.v1.GetModelInfoRequest\x1a\x17.tokenmill.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,17 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=59
   _globals['_TOKENIDS']._serialized_end=82
   _globals['_SAMPLINGPARAMS']._serialized_start=85
-  _globals['_SAMPLINGPARAMS']._serialized_end=719
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=548
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=596
-  _globals['_GENERATEREQUEST']._serialized_start=722
-  _globals['_GENERATEREQUEST']._serialized_end=895
-  _globals['_GENERATERESPONSE']._serialized_start=898
-  _globals['_GENERATERESPONSE']._serialized_end=1081
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1083
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1104
-  _globals['_MODELINFO']._serialized_start=1106
-  _globals['_MODELINFO']._serialized_end=1214
-  _globals['_TOKENMILL']._serialized_start=1217
-  _globals['_TOKENMILL']._serialized_end=1381
+  _globals['_SAMPLINGPARAMS']._serialized_end=780
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=609
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=657
+  _globals['_STRUCTUREDOUTPUTS']._serialized_start=783
+  _globals['_STRUCTUREDOUTPUTS']._serialized_end=971
+  _globals['_CHOICES']._serialized_start=973
+  _globals['_CHOICES']._serialized_end=998
+  _globals['_GENERATEREQUEST']._serialized_start=1001
+  _globals['_GENERATEREQUEST']._serialized_end=1174
+  _globals['_GENERATERESPONSE']._serialized_start=1177
+  _globals['_GENERATERESPONSE']._serialized_end=1360
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1362
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1383
+  _globals['_MODELINFO']._serialized_start=1385
+  _globals['_MODELINFO']._serialized_end=1493
+  _globals['_TOKENMILL']._serialized_start=1496
+  _globals['_TOKENMILL']._serialized_end=1660
 # @@protoc_insertion_point(module_scope)
