@@ -36,7 +36,7 @@ def test_choice_regex_matches_exactly_the_choices():
 
 @pytest.mark.parametrize("fields, message", [
     ({"json": {"type": 123}}, "invalid json: Type should be a string"),
-    ({"json": "{bad"}, "invalid json"),
+    ({"json": "{bad"}, "json is not valid JSON"),
     ({"regex": "a(b"}, "invalid regex: Regex parsing error"),
     ({"grammar": "root ::= "}, "invalid grammar: EBNF parser error"),
 ])
@@ -64,3 +64,20 @@ def test_sampling_params_take_a_dict_and_cross_the_socket():
     assert decoded.structured_outputs == params.structured_outputs
     with pytest.raises(ValueError):
         SamplingParams(structured_outputs={"regex": "a", "choice": ["b"]})
+
+
+def test_constraints_are_bounded():
+    from tokenmill.structured.params import MAX_CONSTRAINT_CHARS, MAX_JSON_DEPTH
+
+    nested = {"type": "integer"}
+    for _ in range((MAX_JSON_DEPTH - 1) // 2):  # two levels each: the schema and its properties
+        nested = {"type": "object", "properties": {"a": nested}}
+    StructuredOutputsParams(json=nested)  # 63 levels: allowed
+    with pytest.raises(ValueError, match="nests deeper"):
+        StructuredOutputsParams(json={"type": "object", "properties": {"a": nested}})
+    with pytest.raises(ValueError, match="nests deeper"):
+        StructuredOutputsParams(json="[" * 100 + "]" * 100)
+    with pytest.raises(ValueError, match="characters long"):
+        StructuredOutputsParams(regex="a" * (MAX_CONSTRAINT_CHARS + 1))
+    with pytest.raises(ValueError, match="characters long"):
+        StructuredOutputsParams(choice=["x" * 1000] * 300)

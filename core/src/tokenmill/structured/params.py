@@ -9,6 +9,10 @@ from functools import lru_cache
 from typing import Any
 
 MAX_CHOICES = 1024
+# bounds that keep a constraint's checking and compiling short (xgrammar's work grows with nesting:
+# a JSON schema nested 400 levels deep took 12 s here)
+MAX_CONSTRAINT_CHARS = 256 * 1024
+MAX_JSON_DEPTH = 64
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -43,6 +47,19 @@ class StructuredOutputsParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured outputs: {name} must be a non-empty string.")
+        text = self.key()[1]
+        if len(text) > MAX_CONSTRAINT_CHARS:
+            raise ValueError(f"structured outputs: the {self.kind} is {len(text)} characters long, more than "
+                             f"the {MAX_CONSTRAINT_CHARS} allowed.")
+        if isinstance(self.json, str):
+            try:
+                parsed = json.loads(self.json)
+            except ValueError as error:
+                raise ValueError(f"structured outputs: json is not valid JSON: {error}") from None
+        else:
+            parsed = self.json
+        if parsed is not None and _depth(parsed) > MAX_JSON_DEPTH:
+            raise ValueError(f"structured outputs: the JSON schema nests deeper than {MAX_JSON_DEPTH} levels.")
 
     @property
     def kind(self) -> str:
@@ -83,6 +100,19 @@ def _grammar_error(kind: str, text: str) -> str | None:
     except RuntimeError as error:
         return grammar_error(error)
     return None
+
+
+def _depth(value: object) -> int:
+    """How deeply JSON objects and arrays nest in ``value`` (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def choice_regex(choices: list[str]) -> str:
