@@ -1,6 +1,7 @@
 """StructuredOutputsParams: exactly one constraint, validated on construction; grammar errors carry the
 parser's message; SamplingParams takes the constraint as a dict and sends it across the socket."""
 
+import json
 import re
 
 import msgspec
@@ -81,3 +82,22 @@ def test_constraints_are_bounded():
         StructuredOutputsParams(regex="a" * (MAX_CONSTRAINT_CHARS + 1))
     with pytest.raises(ValueError, match="characters long"):
         StructuredOutputsParams(choice=["x" * 1000] * 300)
+
+
+def test_structural_tags_in_both_forms():
+    schema = {"type": "object", "properties": {"zone": {"type": "string"}}}
+    legacy = {"structures": [{"begin": "<function=get_time>", "schema": schema, "end": "</function>"}],
+              "triggers": ["<function="]}
+    current = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<function="], "tags": [
+        {"begin": "<function=get_time>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</function>"}]}}
+    for tag in (legacy, current):
+        params = StructuredOutputsParams(structural_tag=json.dumps(tag))
+        params.check_grammar()
+        assert params.kind == "structural_tag"
+    for bad, message in [({"type": "structural_tag", "format": {"type": "nope"}}, "Format type not recognized"),
+                         ({"structures": [{"begin": "x"}], "triggers": []}, "needs begin, schema and end"),
+                         ([1], "must be an object")]:
+        with pytest.raises(ValueError, match=message):
+            StructuredOutputsParams(structural_tag=json.dumps(bad)).check_grammar()
+    with pytest.raises(ValueError, match="not valid JSON"):
+        StructuredOutputsParams(structural_tag="{")

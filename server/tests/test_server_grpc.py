@@ -71,6 +71,8 @@ def test_model_info_and_health(stub, tiny_server):
     (request(structured_outputs=pb.StructuredOutputs(regex="a(")), grpc.StatusCode.INVALID_ARGUMENT),
     (request(structured_outputs=pb.StructuredOutputs(json_schema='{"type": 5}')), grpc.StatusCode.INVALID_ARGUMENT),
     (request(structured_outputs=pb.StructuredOutputs(choice=pb.Choices())), grpc.StatusCode.INVALID_ARGUMENT),
+    (request(structured_outputs=pb.StructuredOutputs(structural_tag='{"type": "structural_tag", "format": 5}')),
+     grpc.StatusCode.INVALID_ARGUMENT),
 ])
 def test_errors_map_to_status_codes(stub, bad, code):
     client, _ = stub

@@ -254,3 +254,10 @@ def test_structured_outputs_constrain_completions_and_chat(tiny_server):
     response = chat(tiny_server, max_tokens=8, temperature=0,
                     response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"].startswith("{")
+
+
+def test_structural_tag_response_format(tiny_server):
+    tag = {"type": "tag", "begin": "<n>", "content": {"type": "regex", "pattern": "[0-9]{3}"}, "end": "</n>"}
+    response = chat(tiny_server, max_tokens=30, response_format={"type": "structural_tag", "format": tag})
+    assert response.status_code == 200, response.text
+    assert re.fullmatch("<n>[0-9]{3}</n>", response.json()["choices"][0]["message"]["content"]), response.text

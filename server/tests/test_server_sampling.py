@@ -196,3 +196,18 @@ def test_structured_outputs_fields_are_bounded_and_unknown_ones_refused():
                 {"json": {}, "whitespace_pattern": " "}, ["x"]):
         with pytest.raises(ValidationError):
             completion(structured_outputs=bad)
+
+
+def test_structural_tag_from_response_format_or_field():
+    import json
+
+    structures = [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}]
+    legacy = structured_outputs(completion(), {"type": "structural_tag", "structures": structures, "triggers": ["<f"]})
+    assert json.loads(legacy.structural_tag) == {"structures": structures, "triggers": ["<f"]}
+    fmt = {"type": "tag", "begin": "<n>", "content": {"type": "regex", "pattern": "[0-9]+"}, "end": "</n>"}
+    current = structured_outputs(completion(), {"type": "structural_tag", "format": fmt})
+    assert json.loads(current.structural_tag) == {"type": "structural_tag", "format": fmt}
+    text = json.dumps({"type": "structural_tag", "format": fmt})
+    assert structured_outputs(completion(structured_outputs={"structural_tag": text}), None).structural_tag == text
+    error = api_error(structured_outputs, completion(), {"type": "structural_tag", "format": {"type": "x"}})
+    assert error.param == "response_format" and "Format type not recognized" in error.message

@@ -4,6 +4,7 @@ context-length check. Pure functions: unit-testable without a model."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -141,8 +142,8 @@ def check_context(num_prompt_tokens: int, max_tokens: int | None, model: ModelLi
 
 def structured_outputs(request: SamplingFields, response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:
     """The request's output constraint, from vLLM's ``structured_outputs`` or OpenAI's ``response_format``
-    (``json_object``, or ``json_schema`` with its ``schema``); 400 for both at once, a malformed schema,
-    regex or grammar, or a response format this server cannot follow."""
+    (``json_object``, ``json_schema`` with its ``schema``, or ``structural_tag``); 400 for both at once, a
+    malformed schema, regex, grammar or tag, or a response format this server cannot follow."""
     response_format = response_format if isinstance(response_format, Mapping) else {}
     kind = response_format.get("type", "text")
     if request.structured_outputs is not None:
@@ -159,6 +160,15 @@ def structured_outputs(request: SamplingFields, response_format: Mapping[str, An
             raise bad_request("response_format json_schema needs json_schema.schema, a JSON schema object.",
                               "response_format")
         fields, param = {"json": schema if isinstance(schema, dict) else {}}, "response_format"
+    elif kind == "structural_tag":
+        if "format" in response_format:
+            tag: dict[str, Any] = {"type": "structural_tag", "format": response_format["format"]}
+        elif "structures" in response_format:
+            tag = {"structures": response_format["structures"], "triggers": response_format.get("triggers", [])}
+        else:
+            raise bad_request("response_format structural_tag needs format (or structures and triggers).",
+                              "response_format")
+        fields, param = {"structural_tag": json.dumps(tag)}, "response_format"
     elif kind == "text":
         return None
     else:

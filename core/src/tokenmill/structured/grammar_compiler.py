@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from tokenmill.structured.params import StructuredOutputsParams, grammar_error
+from tokenmill.structured.params import StructuredOutputsParams, grammar_error, structural_tag_arguments
 from tokenmill.structured.request_grammar import RequestGrammar
 
 logger = logging.getLogger("tokenmill")
@@ -56,8 +56,10 @@ class StructuredOutputCompiler:
                 compiled = compiler.compile_builtin_json_grammar()
             elif kind == "regex":
                 compiled = compiler.compile_regex(text)
+            elif kind == "structural_tag":
+                compiled = compiler.compile_structural_tag(*structural_tag_arguments(text))
             else:
                 compiled = compiler.compile_grammar(text)
-        except RuntimeError as error:
+        except (RuntimeError, ValueError, TypeError) as error:
             raise ValueError(f"structured outputs: invalid {params.kind}: {grammar_error(error)}") from None
         return RequestGrammar(compiled, sorted(set(stop_token_ids)))

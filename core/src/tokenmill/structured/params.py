@@ -13,14 +13,16 @@ MAX_CHOICES = 1024
 # a JSON schema nested 400 levels deep took 12 s here)
 MAX_CONSTRAINT_CHARS = 256 * 1024
 MAX_JSON_DEPTH = 64
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
 class StructuredOutputsParams:
     """Exactly one of ``json`` (a JSON schema, as a dict or its text), ``regex``, ``choice`` (the output is
-    one of these strings), ``grammar`` (EBNF, xgrammar's dialect of GBNF) or ``json_object`` (any JSON
-    object) must be set. ``disable_any_whitespace``: JSON without optional whitespace (a small model
+    one of these strings), ``grammar`` (EBNF, xgrammar's dialect of GBNF), ``json_object`` (any JSON
+    object) or ``structural_tag`` (xgrammar's structural tag as JSON text: free text in which each
+    tag's begin marker starts content of its schema, in the ``{"type": "structural_tag", "format": ...}``
+    form or the older ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``) must be set. ``disable_any_whitespace``: JSON without optional whitespace (a small model
     may otherwise fill its tokens with it). Validated on construction; the grammar itself is checked by
     ``check_grammar``."""
 
@@ -29,6 +31,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None
     disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
@@ -43,7 +46,7 @@ class StructuredOutputsParams:
                 raise ValueError("structured outputs: choice must be a non-empty list of strings.")
             if len(self.choice) > MAX_CHOICES:
                 raise ValueError(f"structured outputs: at most {MAX_CHOICES} choices (got {len(self.choice)}).")
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured outputs: {name} must be a non-empty string.")
@@ -51,11 +54,12 @@ class StructuredOutputsParams:
         if len(text) > MAX_CONSTRAINT_CHARS:
             raise ValueError(f"structured outputs: the {self.kind} is {len(text)} characters long, more than "
                              f"the {MAX_CONSTRAINT_CHARS} allowed.")
-        if isinstance(self.json, str):
+        written = self.json if isinstance(self.json, str) else self.structural_tag
+        if written is not None:
             try:
-                parsed = json.loads(self.json)
+                parsed = json.loads(written)
             except ValueError as error:
-                raise ValueError(f"structured outputs: json is not valid JSON: {error}") from None
+                raise ValueError(f"structured outputs: {self.kind} is not valid JSON: {error}") from None
         else:
             parsed = self.json
         if parsed is not None and _depth(parsed) > MAX_JSON_DEPTH:
@@ -97,9 +101,29 @@ def _grammar_error(kind: str, text: str) -> str | None:
             xgrammar.Grammar.from_regex(text)
         elif kind == "grammar":
             xgrammar.Grammar.from_ebnf(text)
-    except RuntimeError as error:
+        elif kind == "structural_tag":
+            xgrammar.Grammar.from_structural_tag(*structural_tag_arguments(text))
+    except (RuntimeError, ValueError, TypeError) as error:
         return grammar_error(error)
     return None
+
+
+def structural_tag_arguments(text: str) -> tuple[Any, ...]:
+    """xgrammar's arguments for a structural tag: the JSON text itself, or for the older form its tags as
+    StructuralTagItems and its triggers (ValueError when that form is malformed)."""
+    import xgrammar
+
+    tag = json.loads(text)
+    if isinstance(tag, dict) and "structures" in tag:
+        try:
+            items = [xgrammar.StructuralTagItem(begin=s["begin"], schema=s["schema"], end=s["end"])
+                     for s in tag["structures"]]
+            triggers = [str(trigger) for trigger in tag["triggers"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("each of structures needs begin, schema and end, and triggers must be a list of "
+                             "strings") from None
+        return items, triggers
+    return (text,)
 
 
 def _depth(value: object) -> int:
@@ -122,6 +146,6 @@ def choice_regex(choices: list[str]) -> str:
 
 def grammar_error(error: BaseException) -> str:
     """xgrammar's message without its timestamp and C++ source location."""
-    text = str(error).strip()
+    text = str(error).strip().strip("'\"")
     match = re.match(r"^\[[\d:]+\] \S+:\d+: (.*)$", text, re.S)
     return (match.group(1) if match else text).strip()

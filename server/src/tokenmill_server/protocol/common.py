@@ -34,7 +34,8 @@ MAX_GRAMMAR_CHARS = 65536
 
 class StructuredOutputs(ApiModel):
     """vLLM's ``structured_outputs``: exactly one of a JSON schema, a regex, a list of choices, an EBNF
-    grammar, or ``json_object: true`` for any JSON object. Other fields are refused (not ignored)."""
+    grammar, ``json_object: true`` for any JSON object, or a structural tag (its JSON text). Other fields
+    are refused (not ignored)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -44,6 +45,7 @@ class StructuredOutputs(ApiModel):
                                                                                      max_length=1024)
     grammar: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
     json_object: bool | None = None
+    structural_tag: str | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
     disable_any_whitespace: bool = False
 
 
