@@ -124,3 +124,16 @@ def save_word_tokenizer(path: Path, vocab_size: int) -> None:
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w1").save_pretrained(path)
+
+
+def save_bracketed_llama(path: Path, vocab_size: int = 160) -> str:
+    """``save_llama`` (seed 3) with a word tokenizer over "<0>" ... "<vocab_size - 1>": no token is a prefix
+    of another, so grammars over these words never reach a dead end. Returns the path as a string."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    save_llama(path, seed=3, vocab_size=vocab_size)
+    tokenizer = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab_size)}, unk_token="<1>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<1>").save_pretrained(path)
+    return str(path)

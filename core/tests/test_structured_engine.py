@@ -6,23 +6,11 @@ untouched; drafts skip constrained requests; a grammar the vocabulary cannot con
 import re
 
 import pytest
-from hf_parity import save_llama
+from hf_parity import save_bracketed_llama as save_model
 
 from tokenmill import LLM, SamplingParams
 
 EOS = 2  # LlamaConfig's default eos_token_id: "<2>"
-VOCAB = 160
-
-
-def save_model(path) -> str:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    save_llama(path, seed=3, vocab_size=VOCAB)
-    tokenizer = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(VOCAB)}, unk_token="<1>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<1>").save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
