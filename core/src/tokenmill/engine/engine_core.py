@@ -9,6 +9,7 @@ caller's process (LLM) or in its own process behind a ZMQ socket (the server).
 from __future__ import annotations
 
 import gc
+import logging
 import time
 
 from tokenmill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -17,6 +18,10 @@ from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.scheduler.scheduler import Scheduler
 from tokenmill.spec_decode.proposer import DraftSlot
 from tokenmill.structured.grammar_compiler import StructuredOutputCompiler
+from tokenmill.structured.grammar_queue import GrammarQueue
+
+logger = logging.getLogger("tokenmill")
+_IDLE_GRAMMAR_WAIT_S = 0.01  # with nothing else to run, wait this long for a grammar instead of spinning
 
 
 class EngineCore:
@@ -27,6 +32,7 @@ class EngineCore:
         self.scheduler = scheduler
         self.runner = runner
         self.grammars = grammars  # compiles requests' structured-output constraints (None: refused)
+        self._grammar_queue = GrammarQueue(grammars) if grammars is not None else None
         self.num_speculative_tokens = num_speculative_tokens  # drafts proposed per request and step (0: off)
         self._to_propose: list[Request] = []  # requests that got tokens last step: draft for them next
         self._on_request_finished = on_request_finished
@@ -37,12 +43,13 @@ class EngineCore:
         """Queue a request; raises ValueError when it can never run (too long for the cache, or a
         structured-output constraint that does not compile)."""
         request = Request.from_engine_core_request(message)
-        constraint = request.sampling_params.structured_outputs
-        if constraint is not None:
-            if self.grammars is None:
-                raise ValueError("this engine does not offer structured outputs.")
-            request.grammar = self.grammars.grammar(constraint, request.eos_token_ids | request.stop_token_ids)
-        self.scheduler.add_request(request, fork_of=message.fork_of)
+        if request.sampling_params.structured_outputs is None:
+            self.scheduler.add_request(request, fork_of=message.fork_of)
+            return
+        if self._grammar_queue is None:
+            raise ValueError("this engine does not offer structured outputs.")
+        self.scheduler.check_admissible(request)
+        self._grammar_queue.submit(request, message.fork_of)  # scheduled once its grammar is compiled
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests at any stage; each gets a final "abort" output at the next step."""
@@ -53,17 +60,22 @@ class EngineCore:
         self._finish(request_ids, RequestStatus.FINISHED_STOPPED, stop_reason)
 
     def _finish(self, request_ids: list[str], status: RequestStatus, stop_reason: str | None) -> None:
-        for request in self.scheduler.finish_requests(request_ids, status, stop_reason):
+        compiling = self._grammar_queue.remove(request_ids) if self._grammar_queue is not None else []
+        for request in compiling:
+            request.finish(status, stop_reason)
+        for request in [*compiling, *self.scheduler.finish_requests(request_ids, status, stop_reason)]:
             self._pending.append(EngineCoreOutput(request.request_id, [], finish_reason=request.finish_reason,
                                                   stop_reason=request.stop_reason,
                                                   num_cached_tokens=request.num_cached_tokens))
             self._report_finished(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+        compiling = self._grammar_queue is not None and len(self._grammar_queue) > 0
+        return self.scheduler.has_unfinished_requests() or bool(self._pending) or compiling
 
     def step(self) -> EngineCoreOutputs:
         """Schedule one step, run the model on it, apply the sampled tokens; return what changed."""
+        self._admit_compiled()
         outputs, self._pending = self._pending, []
         if self._to_propose:  # drafted here, not after last step's update, so its tokens went out first
             self._propose(self._to_propose)
@@ -120,6 +132,22 @@ class EngineCore:
         for request_id, token_ids in self.runner.propose(slots).items():
             self.scheduler.requests[request_id].spec_token_ids = token_ids
 
+    def _admit_compiled(self) -> None:
+        """Schedule the constrained requests whose grammar is ready; abort those whose constraint failed."""
+        queue = self._grammar_queue
+        if queue is None or not len(queue):
+            return
+        idle = not self.scheduler.has_unfinished_requests()
+        for request, fork_of, grammar in queue.ready(_IDLE_GRAMMAR_WAIT_S if idle else 0.0):
+            if isinstance(grammar, ValueError):
+                logger.warning("request %s: %s", request.request_id, grammar)
+                request.finish(RequestStatus.FINISHED_ABORTED)
+                self._pending.append(EngineCoreOutput(request.request_id, [], finish_reason=request.finish_reason))
+                self._report_finished(request)
+                continue
+            request.grammar = grammar
+            self.scheduler.add_request(request, fork_of=fork_of)
+
     def _report_finished(self, request: Request) -> None:
         if self._on_request_finished is not None:
             self._on_request_finished(request_id=request.request_id, finish_reason=request.finish_reason,
@@ -130,6 +158,8 @@ class EngineCore:
         """Release the model's caches, hand the objects frozen at build (``build_engine_core``) back to
         the garbage collector, and tell plugins the engine stopped."""
         self.runner.shutdown()
+        if self._grammar_queue is not None:
+            self._grammar_queue.shutdown()
         gc.unfreeze()
         if self._on_stop is not None:
             self._on_stop()

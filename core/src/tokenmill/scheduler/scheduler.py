@@ -83,7 +83,7 @@ class Scheduler:
         the parent's full computed blocks, even without prefix caching: while the parent is running
         but has not computed them yet, the request waits for it instead of computing its own copy.
         """
-        self._check_admissible(request)
+        self.check_admissible(request)
         self.requests[request.request_id] = request
         if fork_of is not None:
             self._fork_parents[request.request_id] = fork_of
@@ -331,7 +331,8 @@ class Scheduler:
             num_spec_tokens=num_spec,
         )
 
-    def _check_admissible(self, request: Request) -> None:
+    def check_admissible(self, request: Request) -> None:
+        """ValueError if ``request`` could never run here (id in use, empty or too long a prompt)."""
         config = self.config
         request_id = request.request_id
         num_prompt = request.num_prompt_tokens
