@@ -64,6 +64,8 @@ def test_forced_tool_use(client):
     with client.messages.stream(model=MODEL, max_tokens=40, messages=messages, tools=tools,
                                 tool_choice={"type": "tool", "name": "get_weather"},
                                 extra_body={"temperature": 0}) as stream:
+        pieces = [e.delta.partial_json for e in stream if e.type == "content_block_delta"]
         final = stream.get_final_message()
     assert final.content[0].type == "tool_use" and final.content[0].input == use.input
+    assert len(pieces) > 1  # the input streams as it is generated
     assert final.stop_reason == "tool_use"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from typing import Any
 
 from starlette.requests import Request
@@ -152,9 +153,10 @@ class _MessageView:
             yield named_event("message_start", {"type": "message_start", "message": {
                 "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                 "stop_reason": None, "stop_sequence": None, "usage": self.usage(0, 0)}})
-            if self.tool is None:
+            live = self._live_block()
+            if live is not None:
                 yield named_event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                          "content_block": {"type": "text", "text": ""}})
+                                                          "content_block": live})
             yield named_event("ping", {"type": "ping"})
             text = ""
             with engine_errors():
@@ -162,14 +164,21 @@ class _MessageView:
                     completion = output.outputs[0]
                     output_tokens += len(completion.token_ids)
                     text += completion.text
-                    if completion.text and self.tool is None:
-                        yield named_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
-                            "type": "text_delta", "text": completion.text}})
+                    if completion.text and live is not None:
+                        delta = {"type": "text_delta", "text": completion.text} if live["type"] == "text" else \
+                            {"type": "input_json_delta", "partial_json": completion.text}
+                        yield named_event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                                  "delta": delta})
                     if completion.finish_reason is not None:
-                        blocks = self.content_blocks(text)
-                        for event in self._whole_blocks(blocks):
-                            yield event
-                        reason, sequence = stop_reason(completion, blocks[-1]["type"] == "tool_use")
+                        if live is not None:
+                            yield named_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+                            tool_use = live["type"] == "tool_use" and completion.finish_reason == "stop"
+                        else:
+                            blocks = self.content_blocks(text)
+                            for event in self._whole_blocks(blocks):
+                                yield event
+                            tool_use = blocks[-1]["type"] == "tool_use"
+                        reason, sequence = stop_reason(completion, tool_use)
                         yield named_event("message_delta", {
                             "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                             "usage": {"output_tokens": output_tokens}})
@@ -181,12 +190,19 @@ class _MessageView:
             logger.exception("message stream failed")
             yield named_event("error", error_body(ApiError(500, "Internal server error."), PATH))
 
-    def _whole_blocks(self, blocks: list[dict[str, Any]]):
-        """The end of a streamed message's content: the text block's stop, or (with tools) each block
-        whole: start, one delta (the text, or a tool's input as one input_json_delta), stop."""
+    def _live_block(self) -> dict[str, Any] | None:
+        """The content block streamed as the output comes: the text, or a named tool's ``tool_use``
+        (its input as input_json_delta pieces); None when the blocks are known only at the end
+        ("any" calls, or "auto", whose text may turn out to be calls)."""
         if self.tool is None:
-            yield named_event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            return
+            return {"type": "text", "text": ""}
+        if self.tool.forced and self.tool.named is not None:
+            return {"type": "tool_use", "id": f"toolu_{secrets.token_hex(12)}", "name": self.tool.named, "input": {}}
+        return None
+
+    def _whole_blocks(self, blocks: list[dict[str, Any]]):
+        """Each block of a message whose blocks were known only at its end, whole: start, one delta (the
+        text, or a tool's input as one input_json_delta), stop."""
         for index, block in enumerate(blocks):
             if block["type"] == "tool_use":
                 block, delta = {**block, "input": {}}, {"type": "input_json_delta",
