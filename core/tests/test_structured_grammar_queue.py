@@ -31,7 +31,7 @@ class GatedCompiler(StructuredOutputCompiler):
 def core(tmp_path):
     llm = LLM(save_bracketed_llama(tmp_path / "tiny"), kv_cache_memory="16MiB")
     core = llm.engine.core
-    core._grammar_queue = GrammarQueue(GatedCompiler(core.grammars))
+    core._grammar_queue = GrammarQueue(GatedCompiler(core._grammar_queue.compiler))
     yield core
     core._grammar_queue.compiler.gate.set()
 

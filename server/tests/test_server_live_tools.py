@@ -113,3 +113,16 @@ def test_anthropic_auto_tool_use(auto_server):
     assert [b["type"] for b in blocks] == ["text", "tool_use"] and blocks[1]["input"] == {"zone": "UTC"}
     assert blocks[1]["id"].startswith("toolu_") and blocks[0]["text"] == "Checking."
     assert view.content_blocks("plain") == [{"type": "text", "text": "plain"}]
+
+
+def test_required_streams_its_calls_whole_at_the_end(tiny_server):
+    body = {"messages": USER, "max_tokens": 120, "temperature": 0, "tools": [WEATHER, TIME],
+            "tool_choice": "required", "parallel_tool_calls": False}
+    whole = chat(tiny_server, **{k: v for k, v in body.items() if k != "messages"})
+    with httpx.stream("POST", tiny_server.url + "/v1/chat/completions", timeout=60,
+                      json={**body, "stream": True}) as response:
+        chunks = [json.loads(d) for _, d in sse_events(response) if d != "[DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    [calls] = [d["tool_calls"] for d in deltas if d.get("tool_calls")]
+    assert [c["function"] for c in calls] == [c["function"] for c in whole["message"]["tool_calls"]]
+    assert not any(d.get("content") for d in deltas) and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

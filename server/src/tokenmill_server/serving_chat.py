@@ -215,27 +215,22 @@ class _StreamedCalls:
             return ({"content": text} if text else {}), finish_reason
         index = completion.index
         self._text[index] = self._text.get(index, "") + text
-        if self.tool.parser is not None:
-            return self._auto_delta(index, finish_reason)
+        if self.tool.named is None:  # "required" or "auto": the calls are known at the end
+            return self._calls_at_end(index, finish_reason)
         if finish_reason == "stop":
             finish_reason = self.tool.finish_reason
-        if self.tool.named is not None:
-            if not text:
-                return {}, finish_reason
-            if index in self._named_started:
-                piece = {"index": 0, "function": {"arguments": text}}
-            else:
-                self._named_started.add(index)
-                piece = self.tool.first_delta(text)
-            return {"tool_calls": [piece]}, finish_reason
-        if completion.finish_reason is None:
-            return {}, None
-        calls = self.tool.calls(self._text[index])
-        if not calls:  # cut short before its JSON closed: the text as it is
-            return ({"content": self._text[index]} if self._text[index] else {}), completion.finish_reason
-        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, finish_reason
+        if not text:
+            return {}, finish_reason
+        if index in self._named_started:
+            piece = {"index": 0, "function": {"arguments": text}}
+        else:
+            self._named_started.add(index)
+            piece = self.tool.first_delta(text)
+        return {"tool_calls": [piece]}, finish_reason
 
-    def _auto_delta(self, index: int, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    def _calls_at_end(self, index: int, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """Content as far as it surely is content ("auto" only: a forced call has none), then the calls
+        whole; an output that made no call (or was cut short before its JSON closed) ends as content."""
         whole, sent = self._text[index], self._content_sent.get(index, 0)
         if finish_reason is None:
             end = self.tool.content_end(whole)

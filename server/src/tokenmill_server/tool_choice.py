@@ -13,6 +13,7 @@ import json
 import re
 import secrets
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 from tokenmill.structured import StructuredOutputsParams
@@ -116,7 +117,7 @@ class ToolChoice:
         """Whether the output is constrained to calls (a named function or "required"), not "auto"."""
         return self.parser is None
 
-    @property
+    @cached_property
     def constraint(self) -> StructuredOutputsParams | None:
         """The JSON the output must be: the named function's arguments, or an array of calls (None: "auto")."""
         if self.parser is not None:

@@ -31,7 +31,7 @@ class EngineCore:
                  num_speculative_tokens: int = 0, grammars: StructuredOutputCompiler | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
-        self.grammars = grammars  # compiles requests' structured-output constraints (None: refused)
+        # compiles requests' structured-output constraints off the loop (None: constraints are refused)
         self._grammar_queue = GrammarQueue(grammars) if grammars is not None else None
         self.num_speculative_tokens = num_speculative_tokens  # drafts proposed per request and step (0: off)
         self._to_propose: list[Request] = []  # requests that got tokens last step: draft for them next
