@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from tokenmill.benchmarks.host import decode_ceiling, describe, reads_float32_weights
 from tokenmill.benchmarks.workloads import chat_prompts
 
 WORKLOADS = {
@@ -96,14 +97,22 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> dict[str, A
     return {"identical": same, "total": len(reference), "first_divergence": first}
 
 
-def compare(results: dict[str, dict[str, Any]], baseline: str = "hf") -> dict[str, Any]:
-    """Ratios of every engine's figures to the baseline's, and output agreement with it."""
+def compare(results: dict[str, dict[str, Any]], baseline: str = "hf", host: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Ratios of every engine's figures to the baseline's, output agreement with it, and each float32
+    decode's share of the host's float32 decode ceiling (``host.decode_ceiling``) when known."""
     base = results.get(baseline, {})
+    ceiling = decode_ceiling(host) if host else None
     summary: dict[str, Any] = {}
     for engine, result in results.items():
-        if "error" in result or engine == baseline or "error" in base or not base:
+        if "error" in result:
             continue
         entry = {}
+        if ceiling is not None and "decode_tok_s" in result and reads_float32_weights(engine, result):
+            entry["decode_of_float32_ceiling"] = result["decode_tok_s"] / ceiling
+        if engine == baseline or "error" in base or not base:
+            if entry:
+                summary[engine] = entry
+            continue
         for key in ("output_tok_s", "decode_tok_s"):
             if key in result and key in base:
                 entry[f"{key}_ratio"] = result[key] / base[key]
@@ -113,10 +122,14 @@ def compare(results: dict[str, dict[str, Any]], baseline: str = "hf") -> dict[st
     return summary
 
 
-def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> str:
+def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios: dict[str, Any],
+           host: dict[str, Any] | None = None) -> str:
+    """The table: the workload, the host (when probed), then a line per engine."""
     lengths = [len(p) for p in workload["prompts"]]
     lines = [f"{workload['name']}: {len(lengths)} prompt(s) of {min(lengths)}-{max(lengths)} tokens x "
              f"{workload['output_len']} new tokens"]
+    if host:
+        lines.append(describe(host))
     for engine, result in results.items():
         if "error" in result:
             lines.append(f"  {engine:<10} error: {result['error']}")
@@ -124,6 +137,8 @@ def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios:
         line = f"  {engine:<10} {result['output_tok_s']:8.1f} output tok/s"
         if "decode_tok_s" in result:
             line += f"  decode {result['decode_tok_s']:6.1f} tok/s  TTFT {result['ttft_s'] * 1000:7.1f} ms"
+            if "decode_of_float32_ceiling" in ratios.get(engine, {}):
+                line += f"  ({ratios[engine]['decode_of_float32_ceiling']:.0%} of the float32 ceiling)"
         line += f"  (load {result['load_s']:.1f} s)"
         if len(result.get("runs_output_tok_s", ())) > 1:
             line += f"  (median of {len(result['runs_output_tok_s'])} runs: " + ", ".join(

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenmill.benchmarks.default_model import bundled_model_path
     from tokenmill.benchmarks.harness import build_workload, compare, render, run_engine
+    from tokenmill.benchmarks.host import host_record, read_bandwidth
     from tokenmill.cli.engine_flags import engine_args_from
     from tokenmill.config import EngineArgs
 
@@ -74,18 +75,20 @@ def run(args: argparse.Namespace) -> int:
     engine_args = asdict(engine_args_from(args, model=model))
     defaults = {f.name: f.default for f in fields(EngineArgs)}
     overrides = {k: v for k, v in engine_args.items() if k != "model" and v != defaults.get(k)}
+    host = host_record(model)
     results = {}
     if args.compare_hf:
         results["hf"] = run_engine("hf", model, workload, {"dtype": args.dtype if args.dtype != "auto" else "float32"})
     results["tokenmill"] = run_engine("tokenmill", model, workload, {"engine_args": overrides})
     if args.peers:
         results.update(_run_peers(args.peer_venv, model, workload))
-    ratios = compare(results)
-    print(render(workload, results, ratios))
+    host["memory_read_gb_s"].append(read_bandwidth())
+    ratios = compare(results, host=host)
+    print(render(workload, results, ratios, host))
     if args.output:
         slim = {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()}
         with open(args.output, "w") as f:
             json.dump({"workload": {k: v for k, v in workload.items() if k != "prompts"}, "engine_args": overrides,
                        "prompt_lengths": [len(p) for p in workload["prompts"]],
-                       "results": slim, "ratios": ratios}, f, indent=2)
+                       "host": host, "results": slim, "ratios": ratios}, f, indent=2)
     return 1 if any("error" in r for r in results.values()) else 0

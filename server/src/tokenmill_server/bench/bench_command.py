@@ -74,6 +74,7 @@ def run_peers(args: argparse.Namespace) -> int:
     import shlex
     import tempfile
 
+    from tokenmill.benchmarks.host import host_record, read_bandwidth
     from tokenmill.benchmarks.peer_venv import PeerVenv
     from tokenmill_server.bench.comparison_report import render
     from tokenmill_server.bench.process_group import exit_on_sigterm
@@ -105,8 +106,11 @@ def run_peers(args: argparse.Namespace) -> int:
     comparison = ServeComparison(model, workload, PeerVenv(args.peer_venv), work_dir, ready_timeout=args.ready_timeout,
                                  client_timeout=args.timeout, extra_args=extra, engines=engines,
                                  runs=args.runs)
+    host = host_record(model)
     with exit_on_sigterm():
         report = comparison.run()
+    host["memory_read_gb_s"].append(read_bandwidth())
+    report["host"] = host
     report["work_dir"] = work_dir
     print(render(report))
     _write(report, args.output)

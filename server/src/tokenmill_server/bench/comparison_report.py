@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tokenmill.benchmarks.host import describe
 from tokenmill_server.bench.serve_workload import ServeWorkload
 
 ENGINE = "tokenmill"
@@ -112,6 +113,8 @@ def render(report: dict[str, Any]) -> str:
     w = report["workload"]
     lines = [f"serving: {w['num_prompts']} requests x {w['input_len']} in / {w['output_len']} out, "
              f"concurrency {w['max_concurrency'] or 'unlimited'}, rate {w['request_rate']}; client: {report['client']}"]
+    if "host" in report:
+        lines.append(describe(report["host"]))
     lines += [_server_line(name, result) for name, result in report["servers"].items()]
     for pair, found in report.get("ratios", {}).items():
         if isinstance(found, dict):
