@@ -64,14 +64,18 @@ def test_forced_call_with_response_format_is_400(tiny_server):
     assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice"
 
 
-@pytest.fixture(scope="module")
-def auto_server(tiny_model, tmp_path_factory):
+def _auto_tool_server(tiny_model, tmp_path_factory, parser):
     server = LiveServer(str(tiny_model), "--kv-cache-memory", "32MiB", "--enable-auto-tool-choice",
-                        "--tool-call-parser", "hermes", log=tmp_path_factory.mktemp("auto-tools") / "server.log")
+                        "--tool-call-parser", parser, log=tmp_path_factory.mktemp(parser) / "server.log")
     try:
         yield server.wait_ready()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def auto_server(tiny_model, tmp_path_factory):
+    yield from _auto_tool_server(tiny_model, tmp_path_factory, "hermes")
 
 
 # the tiny model's words are random: a regex makes it answer as a Hermes-style model would
@@ -126,3 +130,27 @@ def test_required_streams_its_calls_whole_at_the_end(tiny_server):
     [calls] = [d["tool_calls"] for d in deltas if d.get("tool_calls")]
     assert [c["function"] for c in calls] == [c["function"] for c in whole["message"]["tool_calls"]]
     assert not any(d.get("content") for d in deltas) and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def pythonic_server(tiny_model, tmp_path_factory):
+    yield from _auto_tool_server(tiny_model, tmp_path_factory, "pythonic")
+
+
+PYTHONIC_CALLS = r'\[get_weather\(city="Rome", days=2\), get_time\(zone="CET"\)\]'
+
+
+def test_pythonic_parser_reads_a_list_of_calls(pythonic_server):
+    choice = chat(pythonic_server, tools=[WEATHER, TIME], max_tokens=120, structured_outputs={"regex": PYTHONIC_CALLS})
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == [
+        {"name": "get_weather", "arguments": '{"city": "Rome", "days": 2}'},
+        {"name": "get_time", "arguments": '{"zone": "CET"}'}]
+    with httpx.stream("POST", pythonic_server.url + "/v1/chat/completions", timeout=60,
+                      json={"messages": USER, "max_tokens": 120, "temperature": 0, "stream": True, "tools": [WEATHER, TIME],
+                            "structured_outputs": {"regex": PYTHONIC_CALLS}}) as response:
+        chunks = [json.loads(d) for _, d in sse_events(response) if d != "[DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not any(d.get("content") for d in deltas)  # held back while it may be calls, then it was
+    [calls] = [d["tool_calls"] for d in deltas if d.get("tool_calls")]
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]

@@ -5,7 +5,14 @@ import json
 
 import pytest
 
-from tokenmill_server.tool_parsers import HermesParser, Llama3JsonParser, ParsedOutput, tool_call_parser
+from tokenmill_server.tool_parsers import (
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    ParsedOutput,
+    PythonicParser,
+    tool_call_parser,
+)
 
 
 def test_hermes_blocks_after_text():
@@ -51,7 +58,61 @@ def test_llama3_json_streaming_holds_back_a_possible_call():
     assert parser.content_end("Sure") == 4
 
 
+def test_mistral_calls_after_the_marker_or_as_the_whole_answer():
+    parser = MistralParser()
+    text = 'Checking.[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "ping", "arguments": {}}]'
+    assert parser.parse(text) == ParsedOutput("Checking.", [("get_time", '{"zone": "UTC"}'), ("ping", "{}")])
+    # the marker is a special token: detokenized without it, a whole answer that is the list still reads as calls
+    assert parser.parse(' [{"name": "f", "arguments": {"x": 1}}]') == ParsedOutput(None, [("f", '{"x": 1}')])
+    assert parser.parse('[TOOL_CALLS]{"name": "f", "arguments": {}}').calls == [("f", "{}")]
+    for text in ("The list [1, 2] is short.", "[]", '[{"name": "f", "arguments": [1]}]', "[TOOL_CALLS][{bad",
+                 '[{"arguments": {}}]', '[{"name": "f"}, 3]'):
+        assert parser.parse(text) == ParsedOutput(text)
+
+
+def test_mistral_streaming_holds_back_a_possible_marker_or_list():
+    parser = MistralParser()
+    assert parser.content_end("") == 0 and parser.content_end(" [") == 0 and parser.content_end("[TOOL") == 0
+    assert parser.content_end("Sure, [TOOL") == len("Sure, ")
+    assert parser.content_end("Sure.[TOOL_CALLS][{") == len("Sure.")
+    assert parser.content_end("Sure") == 4
+
+
+def test_pythonic_calls_with_literal_arguments():
+    parser = PythonicParser()
+    parsed = parser.parse('[get_weather(city="Paris", days=3, units=None, hourly=True), ping()]')
+    assert parsed.content is None
+    assert parsed.calls == [("get_weather", '{"city": "Paris", "days": 3, "units": null, "hourly": true}'),
+                            ("ping", "{}")]
+    assert parser.parse('<|python_start|>[f(tags=["a", "b"], spec={"k": 1.5})]<|python_end|>').calls == [
+        ("f", '{"tags": ["a", "b"], "spec": {"k": 1.5}}')]
+
+
+@pytest.mark.parametrize("text", [
+    "Paris is sunny.", "[1, 2, 3]", "[]", "[f(1)]", "[obj.method(a=1)]", "[f(**kw)]", "[f(a=g())]",
+    "[f(a=__import__('os').system('true'))]", "[f(a=float('nan'))]", "[f(a={1, 2})]", "[f(a=1)] and more",
+    "[f(a=" + "[" * 5000 + "]" * 5000 + ")]",  # nesting past the parser's limits
+])
+def test_pythonic_text_that_is_not_literal_calls_stays_content(text):
+    assert PythonicParser().parse(text) == ParsedOutput(text)
+
+
+def test_pythonic_never_evaluates_the_output(monkeypatch):
+    import builtins
+
+    monkeypatch.setattr(builtins, "eval", lambda *a, **k: pytest.fail("eval called"))
+    assert PythonicParser().parse('[f(a=__import__("os"))]') == ParsedOutput('[f(a=__import__("os"))]')
+
+
+def test_pythonic_streaming_holds_back_a_possible_call_list():
+    parser = PythonicParser()
+    assert parser.content_end("") == 0 and parser.content_end(" [get_") == 0 and parser.content_end("<|python") == 0
+    assert parser.content_end("Hello") == 5
+
+
 def test_parser_names():
     assert isinstance(tool_call_parser("hermes"), HermesParser)
-    with pytest.raises(ValueError, match="hermes, llama3_json"):
+    assert isinstance(tool_call_parser("mistral"), MistralParser)
+    assert isinstance(tool_call_parser("pythonic"), PythonicParser)
+    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, pythonic"):
         tool_call_parser("nope")

@@ -5,12 +5,18 @@ its tool calls (vLLM's ``--tool-call-parser`` names), for ``tool_choice: "auto"`
   blocks after optional text.
 - ``llama3_json`` (Llama 3.1-3.3): the whole answer is ``{"name": ..., "parameters": {...}}`` (optionally
   after ``<|python_tag|>``), several calls separated by ``;``.
+- ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` after
+  optional text; the marker is a special token that detokenization may drop, so a whole answer that is
+  such a JSON list reads as calls too.
+- ``pythonic`` (Llama 3.2 / 4 and others prompted that way): the whole answer is a Python list of calls,
+  ``[get_weather(city="Paris"), ping()]`` with literal keyword arguments (read by ``ast``, never run).
 
 An output that does not parse as calls is plain content: nothing is lost.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -104,10 +110,87 @@ class Llama3JsonParser:
         return len(text)
 
 
-PARSERS = {parser.name: parser for parser in (HermesParser, Llama3JsonParser)}
+class MistralParser:
+    """``[TOOL_CALLS]`` and a JSON list of ``{"name", "arguments"}`` objects."""
+
+    name = "mistral"
+    MARKER = "[TOOL_CALLS]"
+
+    def parse(self, text: str) -> ParsedOutput:
+        """Content before the marker and the list's calls; without the marker, calls only when the whole
+        answer is such a list."""
+        start = text.find(self.MARKER)
+        body = text[start + len(self.MARKER):] if start >= 0 else text
+        calls = self._calls(body.strip())
+        if calls is None:
+            return ParsedOutput(text)
+        return ParsedOutput(text[:start].strip() or None if start >= 0 else None, calls)
+
+    @staticmethod
+    def _calls(body: str) -> list[tuple[str, str]] | None:
+        try:
+            found = json.loads(body)
+        except ValueError:
+            return None
+        found = [found] if isinstance(found, dict) else found
+        if not isinstance(found, list) or not found:
+            return None
+        calls = [_call(obj, "arguments") for obj in found]
+        return None if any(call is None for call in calls) else calls
+
+    def content_end(self, text: str) -> int:
+        """Up to the marker; 0 while a marker-less answer may still be a list of calls."""
+        start = text.find(self.MARKER)
+        if start >= 0:
+            return start
+        if not text.strip() or text.lstrip().startswith("["):
+            return 0
+        return len(text) - _held_back(text, self.MARKER)
 
 
-def tool_call_parser(name: str) -> HermesParser | Llama3JsonParser:
+class PythonicParser:
+    """A whole answer ``[f(a=1), g()]``: calls with literal keyword arguments, parsed, never evaluated."""
+
+    name = "pythonic"
+    TAGS = ("<|python_start|>", "<|python_end|>")
+
+    def parse(self, text: str) -> ParsedOutput:
+        """Calls when the whole answer is a list of calls, else the answer as content."""
+        body = text.strip()
+        start, end = self.TAGS
+        body = body[len(start):] if body.startswith(start) else body
+        body = (body[:-len(end)] if body.endswith(end) else body).strip()
+        if not body.startswith("["):
+            return ParsedOutput(text)
+        try:
+            tree = ast.parse(body, mode="eval").body
+            calls = [self._call(node) for node in tree.elts] if isinstance(tree, ast.List) and tree.elts else None
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            calls = None
+        return ParsedOutput(None, calls) if calls else ParsedOutput(text)
+
+    @staticmethod
+    def _call(node: ast.expr) -> tuple[str, str]:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+            raise ValueError("not a call of a plain name with keyword arguments")
+        if any(keyword.arg is None for keyword in node.keywords):  # **kwargs
+            raise ValueError("keyword arguments must be named")
+        arguments = {keyword.arg: ast.literal_eval(keyword.value) for keyword in node.keywords}
+        return node.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+
+    def content_end(self, text: str) -> int:
+        """0 while the answer may still be a list of calls (it starts with ``[`` or the tag), else all."""
+        head, tag = text.lstrip(), self.TAGS[0]
+        if not head or head.startswith("[") or head.startswith(tag) or tag.startswith(head):
+            return 0
+        return len(text)
+
+
+ToolCallParser = HermesParser | Llama3JsonParser | MistralParser | PythonicParser
+PARSERS = {parser.name: parser for parser in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser)}
+
+
+def tool_call_parser(name: str) -> ToolCallParser:
     """The parser called ``name``; ValueError naming the choices for another."""
     if name not in PARSERS:
         raise ValueError(f"unknown tool-call parser {name!r}: choose one of {', '.join(sorted(PARSERS))}")
