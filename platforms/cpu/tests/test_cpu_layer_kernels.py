@@ -220,3 +220,16 @@ def test_the_platform_hands_the_kernels_to_the_model(monkeypatch):
     assert isinstance(layer.mlp.down_proj.kernels, CpuLayerKernels)
     monkeypatch.setenv(LAYER_KERNELS_ENV, "0")
     assert platform.layer_kernels() is None
+
+
+def test_small_batch_linear_covers_float32_weights_only_with_bf16x3():
+    weight = torch.randn(24, 16)
+    assert not CpuLayerKernels(split_bf16=False).small_batch_linear_covers(weight)
+    split = CpuLayerKernels(split_bf16=True)
+    if not split.split_bf16 or not load_small_batch_matmul().offered:
+        pytest.skip("bf16x3 needs AMX-BF16")
+    assert split.small_batch_linear_covers(weight)
+    assert not split.small_batch_linear_covers(weight.bfloat16())
+    assert not split.small_batch_linear_covers(torch.randn(16, 24).t())  # columns not contiguous
+    for rows in (1, 2, 3, 64, PANEL_MAX_ROWS + 1, 2048):  # then every row count is its own
+        assert split.small_batch_linear(torch.randn(rows, 16), weight) is not None

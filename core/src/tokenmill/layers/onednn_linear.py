@@ -45,7 +45,18 @@ class OneDnnLinearKernel(QuantKernel):
         return onednn_unavailable()
 
     def process_weights_after_loading(self, layer: Any) -> None:
-        """Reorder ``layer.weight`` into oneDNN's layout (kept beside it: a tied head shares ``weight``)."""
+        """Reorder ``layer.weight`` into oneDNN's layout (kept beside it: a tied head shares ``weight``),
+        unless the platform's ``small_batch_linear`` covers every row count of this bias-free layer
+        (``small_batch_linear_covers``): then no copy is kept, and one is made only if oneDNN ever runs."""
+        kernels = getattr(layer, "kernels", None)
+        covers = getattr(kernels, "small_batch_linear_covers", None)
+        if getattr(layer, "bias", None) is None and covers is not None and covers(layer.weight):
+            layer.onednn_weight, layer.onednn_source = None, None
+            return
+        self._reorder(layer)
+
+    @staticmethod
+    def _reorder(layer: Any) -> None:
         layer.onednn_weight = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), _BATCH_HINT)
         layer.onednn_source = layer.weight.data_ptr()
 
@@ -60,6 +71,6 @@ class OneDnnLinearKernel(QuantKernel):
             if out is not None:
                 return out.reshape(*shape[:-1], out.shape[-1])
         if getattr(layer, "onednn_source", None) != layer.weight.data_ptr():
-            self.process_weights_after_loading(layer)
+            self._reorder(layer)
         out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), layer.onednn_weight, bias, "none", [], "")
         return out.reshape(*shape[:-1], out.shape[-1])

@@ -52,6 +52,13 @@ class LayerKernels:
         Optional (plugin API 1.4); asked by core's oneDNN linear kernel before every call."""
         return None
 
+    def small_batch_linear_covers(self, weight: Any) -> bool:
+        """Whether ``small_batch_linear`` takes this float ``weight`` [N, K] at every row count, so that
+        core's own general product never runs for it and core keeps no copy of it for that product
+        (oneDNN's reordered weight, as large as the weight). Asked once per layer after loading.
+        Optional (plugin API 1.7); False by default."""
+        return False
+
     def argmax_rows(self, logits: Any) -> Any | None:
         """``torch.argmax(logits, dim=-1)`` as int64 [N] for float32 ``logits`` [N, V]: the first index of
         each row's maximum, or of its first NaN. Optional (plugin API 1.6); asked by the sampler for

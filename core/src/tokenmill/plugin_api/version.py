@@ -9,7 +9,8 @@
 #      (single-request prefill chunks replayed through graphs, one per padded length)
 # 1.6: optional LayerKernels.argmax_rows and LayerKernels.greedy_lm_head (greedy steps' argmax),
 #      QuantKernel.plain_weight
-PLUGIN_API_VERSION: tuple[int, int] = (1, 6)
+# 1.7: optional LayerKernels.small_batch_linear_covers (core's oneDNN linear then keeps no reordered copy)
+PLUGIN_API_VERSION: tuple[int, int] = (1, 7)
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:
