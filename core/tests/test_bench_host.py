@@ -1,5 +1,6 @@
 """The benchmark's host record: CPU name, memory read bandwidth, the float32 decode bytes of a model
-(checked against the architecture's own parameter formula) and each engine's share of the ceiling."""
+(checked against the architecture's own parameter formula) and each engine's share of the float32
+streaming rate."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from tokenmill.benchmarks.harness import compare, render
 from tokenmill.benchmarks.host import (
     cpu_name,
-    decode_ceiling,
     describe,
     float32_decode_bytes,
+    float32_stream_rate,
     read_bandwidth,
     reads_float32_weights,
 )
@@ -59,10 +60,10 @@ def test_float32_decode_bytes_of_the_bundled_gguf():
     assert float32_decode_bytes(bundled_model_path()) == _llama_parameters(576, 1536, 30, 9, 3, 49152, True) * 4
 
 
-def test_the_ceiling_uses_the_fastest_reading():
+def test_the_streaming_rate_uses_the_fastest_reading():
     host = {"memory_read_gb_s": [20.0, 25.0], "float32_decode_bytes": 500_000_000}
-    assert decode_ceiling(host) == pytest.approx(50.0)
-    assert decode_ceiling({"memory_read_gb_s": [20.0]}) is None
+    assert float32_stream_rate(host) == pytest.approx(50.0)
+    assert float32_stream_rate({"memory_read_gb_s": [20.0]}) is None
 
 
 def test_which_engines_stream_float32_weights():
@@ -73,7 +74,7 @@ def test_which_engines_stream_float32_weights():
     assert not reads_float32_weights("llama.cpp", {})
 
 
-def test_compare_and_render_report_each_share_of_the_ceiling():
+def test_compare_and_render_report_each_share_of_the_streaming_rate():
     host = {"cpu": "Test CPU", "machine": "x86_64", "logical_cpus": 2, "torch_threads": 2,
             "torch_cpu_capability": "AVX2", "memory_read_gb_s": [30.0, 28.0], "float32_decode_bytes": 600_000_000}
     workload = {"name": "W2", "prompts": [[1, 2, 3]], "output_len": 8}
@@ -82,12 +83,12 @@ def test_compare_and_render_report_each_share_of_the_ceiling():
                "tokenmill": {**run, "decode_tok_s": 45.0, "linear_kernels": ["onednn-linear"]},
                "llama.cpp": {**run, "decode_tok_s": 90.0}}
     ratios = compare(results, host=host)
-    assert ratios["hf"]["decode_of_float32_ceiling"] == pytest.approx(0.4)
-    assert ratios["tokenmill"]["decode_of_float32_ceiling"] == pytest.approx(0.9)
+    assert ratios["hf"]["decode_of_float32_stream_rate"] == pytest.approx(0.4)
+    assert ratios["tokenmill"]["decode_of_float32_stream_rate"] == pytest.approx(0.9)
     assert ratios["tokenmill"]["decode_tok_s_ratio"] == pytest.approx(2.25)
-    assert "decode_of_float32_ceiling" not in ratios["llama.cpp"]
+    assert "decode_of_float32_stream_rate" not in ratios["llama.cpp"]
     table = render(workload, results, ratios, host).splitlines()
     assert table[1] == describe(host)
-    assert "memory reads 30.0, 28.0 GB/s; float32 decode ceiling 50.0 tok/s (600 MB of weights a token)" in table[1]
-    assert "(90% of the float32 ceiling)" in table[3] and "(40% of the float32 ceiling)" in table[2]
-    assert "ceiling" not in table[4]
+    assert "memory reads 30.0, 28.0 GB/s; float32 streaming rate 50.0 tok/s (600 MB of weights a token)" in table[1]
+    assert "(90% of the float32 streaming rate)" in table[3] and "(40% of the float32 streaming rate)" in table[2]
+    assert "streaming rate" not in table[4]

@@ -1,5 +1,6 @@
 """GreedyHead: ``argmax_rows`` gives torch.argmax's answer (ties, NaNs, infinities, strided rows);
-the greedy LM head gives the float32 product's argmax from bfloat16 estimates, including near-ties the
+the greedy LM head gives the float32 product's argmax from bfloat16 estimates (int8 ones for one or
+two rows, on every CPU), including near-ties the
 estimates cannot see and exact ties (first index), declines what it cannot settle (non-finite
 values) or take (dtypes, layouts, CPUs without native bfloat16), follows in-place weight changes,
 and its error bound holds against the float64 product."""
@@ -12,7 +13,14 @@ import pytest
 import torch
 
 from tokenmill.layers.native_library import build_failure
-from tokenmill_cpu.greedy_head import GreedyHead, error_bounds, load_greedy_head, row_norms
+from tokenmill_cpu.greedy_head import (
+    INT8_MAX_ROWS,
+    SLACK,
+    GreedyHead,
+    error_bounds,
+    load_greedy_head,
+    row_norms,
+)
 from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable
 
 pytestmark = pytest.mark.skipif(build_failure(load_greedy_head) is not None, reason="no C compiler")
@@ -95,7 +103,8 @@ def test_greedy_head_declines_rows_it_cannot_settle(head, bad):
 def test_greedy_head_declines_what_it_does_not_take():
     torch.manual_seed(5)
     hidden, weight = torch.randn(2, 32), torch.randn(50, 32)
-    assert GreedyHead(bf16_estimates=False)(hidden, weight) is None  # e.g. AVX2: bfloat16 products are slow
+    without_bf16 = GreedyHead(bf16_estimates=False)  # e.g. AVX2: bfloat16 products are slow
+    assert without_bf16(torch.randn(INT8_MAX_ROWS + 1, 32), weight) is None  # more rows than int8 estimates take
     head = GreedyHead(bf16_estimates=True)
     assert head(hidden.bfloat16(), weight) is None
     assert head(hidden, weight.double()) is None
@@ -151,3 +160,64 @@ def test_row_norms_are_the_float64_norms_even_where_squares_underflow():
     assert got.dtype == torch.float32
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=0)
     assert got[7] > 0 and got[8].item() == pytest.approx(5e-30, rel=1e-5)
+
+
+@pytest.mark.parametrize("rows", range(1, INT8_MAX_ROWS + 1))
+@pytest.mark.parametrize(("vocab", "depth"), [(3000, 64), (1000, 576), (70, 1), (49152, 16)])
+def test_int8_estimates_need_no_bfloat16(rows, vocab, depth):
+    torch.manual_seed(rows * vocab + depth)
+    hidden, weight = torch.randn(rows, depth) * 3, torch.randn(vocab, depth) * 0.05
+    weight[: vocab // 10] *= 40  # rows of very different scales
+    weight[vocab // 2] = 0.0  # an all-zero row
+    assert GreedyHead(bf16_estimates=False)(hidden, weight).tolist() == _reference(hidden, weight).tolist()
+
+
+@pytest.mark.parametrize("depth", [1, 64, 576, 2048])
+def test_the_int8_error_bound_holds(depth):
+    torch.manual_seed(depth)
+    head = GreedyHead(bf16_estimates=False)
+    hidden, weight = torch.randn(INT8_MAX_ROWS, depth) * 4, torch.randn(2000, depth) * 0.1
+    weight[:100] *= 30
+    weight[100, : depth // 2 + 1] = 1e-3  # a row whose int8 steps are coarse for its small entries
+    estimator = head._int8(weight)
+    estimate = estimator.estimate(head._library, hidden).double()
+    exact = hidden.double() @ weight.double().T
+    bound = SLACK * hidden.double().norm(dim=1, keepdim=True) * estimator.bounds.double() \
+        + SLACK * 2.0 ** -24 * estimate.abs()
+    assert bool(((estimate - exact).abs() <= bound).all())
+    assert float(((estimate - exact).abs() / bound).max()) > 0.01  # and is not vacuous
+    assert head._int8(weight) is estimator and len(head._int8) == 1
+    weight.neg_()  # in place: the int8 copy is made again
+    assert head(hidden, weight).tolist() == _reference(hidden, weight).tolist()
+
+
+@pytest.mark.parametrize("march", ["haswell", "x86-64"])
+def test_int8_estimates_of_other_builds(tmp_path, march):
+    """The AVX2 block and the portable one (x86-64 baseline) against the float64 product of the int8 rows."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64 builds")
+    import ctypes
+    import subprocess
+
+    from tokenmill.layers.native_library import FLAGS, compiler
+    from tokenmill_cpu.greedy_head import INT8_LANES, SOURCE, Int8Estimator
+
+    cc = compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    built = tmp_path / f"greedy_head_{march}.so"
+    flags = [f for f in FLAGS if not f.startswith("-march")] + [f"-march={march}", "-mno-avx512f"]
+    subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True)
+    library = ctypes.CDLL(str(built))
+    library.int8_estimate_f32.argtypes = load_greedy_head().int8_estimate_f32.argtypes
+    torch.manual_seed(8)
+    weight = torch.randn(INT8_LANES * 7 + 5, 100) * 0.05  # a ragged last block
+    estimator = Int8Estimator(weight)
+    for rows in range(1, INT8_MAX_ROWS + 1):
+        hidden = torch.randn(rows, 100)
+        rows_q = estimator.q.transpose(1, 2).reshape(-1, 100)[: weight.shape[0]].double()
+        want = hidden.double() @ rows_q.T * estimator.scales[: weight.shape[0]].double()
+        got = estimator.estimate(library, hidden)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

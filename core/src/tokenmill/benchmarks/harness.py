@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from tokenmill.benchmarks.host import decode_ceiling, describe, reads_float32_weights
+from tokenmill.benchmarks.host import describe, float32_stream_rate, reads_float32_weights
 from tokenmill.benchmarks.workloads import chat_prompts
 
 WORKLOADS = {
@@ -99,16 +99,16 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> dict[str, A
 
 def compare(results: dict[str, dict[str, Any]], baseline: str = "hf", host: dict[str, Any] | None = None) -> dict[str, Any]:
     """Ratios of every engine's figures to the baseline's, output agreement with it, and each float32
-    decode's share of the host's float32 decode ceiling (``host.decode_ceiling``) when known."""
+    decode's share of the host's float32 streaming rate (``host.float32_stream_rate``) when known."""
     base = results.get(baseline, {})
-    ceiling = decode_ceiling(host) if host else None
+    rate = float32_stream_rate(host) if host else None
     summary: dict[str, Any] = {}
     for engine, result in results.items():
         if "error" in result:
             continue
         entry = {}
-        if ceiling is not None and "decode_tok_s" in result and reads_float32_weights(engine, result):
-            entry["decode_of_float32_ceiling"] = result["decode_tok_s"] / ceiling
+        if rate is not None and "decode_tok_s" in result and reads_float32_weights(engine, result):
+            entry["decode_of_float32_stream_rate"] = result["decode_tok_s"] / rate
         if engine == baseline or "error" in base or not base:
             if entry:
                 summary[engine] = entry
@@ -137,8 +137,8 @@ def render(workload: dict[str, Any], results: dict[str, dict[str, Any]], ratios:
         line = f"  {engine:<10} {result['output_tok_s']:8.1f} output tok/s"
         if "decode_tok_s" in result:
             line += f"  decode {result['decode_tok_s']:6.1f} tok/s  TTFT {result['ttft_s'] * 1000:7.1f} ms"
-            if "decode_of_float32_ceiling" in ratios.get(engine, {}):
-                line += f"  ({ratios[engine]['decode_of_float32_ceiling']:.0%} of the float32 ceiling)"
+            if "decode_of_float32_stream_rate" in ratios.get(engine, {}):
+                line += f"  ({ratios[engine]['decode_of_float32_stream_rate']:.0%} of the float32 streaming rate)"
         line += f"  (load {result['load_s']:.1f} s)"
         if len(result.get("runs_output_tok_s", ())) > 1:
             line += f"  (median of {len(result['runs_output_tok_s'])} runs: " + ", ".join(

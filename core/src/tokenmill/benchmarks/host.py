@@ -1,10 +1,13 @@
-"""The host a benchmark ran on, and the float32 decode ceiling its memory sets.
+"""The host a benchmark ran on, and the float32 streaming rate its memory sets.
 
 A single-stream decode reads every weight it multiplies once per token, so on a CPU its speed is
-bounded by memory read bandwidth over the model's weight bytes. Shared and virtual machines vary
-(the same 2-core host read 22 GB/s one hour and 29 the next), so the bandwidth is measured in the
-run itself, before and after the engines, and every W2 figure can be read as a share of the
-ceiling of that moment: an engine already near it cannot be made several times faster in float32.
+bounded by memory read bandwidth over the bytes it reads. Shared and virtual machines vary (the same
+2-core host read 22 GB/s one hour and 29 the next), so the bandwidth is measured in the run itself,
+before and after the engines, and every W2 float32 figure is also given as a share of the float32
+streaming rate of that moment: the tokens/s at which that bandwidth reads the model's float32 weights
+once. An engine near it cannot be made several times faster while it reads them all. It is not a hard
+limit: torch's sum, the probe, reads somewhat below the best kernels, and tokenmill's greedy head reads
+an int8 estimate of the LM head plus the float32 rows still in contention, not the whole float32 head.
 """
 
 from __future__ import annotations
@@ -76,13 +79,14 @@ def host_record(model: str) -> dict[str, Any]:
                               "memory_read_gb_s": [read_bandwidth()]}
     try:
         record["float32_decode_bytes"] = float32_decode_bytes(model)
-    except Exception as error:  # an architecture transformers cannot build: the ceiling is left out
+    except Exception as error:  # an architecture transformers cannot build: the rate is left out
         record["float32_decode_bytes_error"] = f"{type(error).__name__}: {error}"
     return record
 
 
-def decode_ceiling(record: dict[str, Any]) -> float | None:
-    """Float32 decode tokens/s the fastest bandwidth reading allows, or None without the byte count."""
+def float32_stream_rate(record: dict[str, Any]) -> float | None:
+    """Tokens/s at which the fastest bandwidth reading reads the float32 weights once, or None without the
+    byte count."""
     weight_bytes = record.get("float32_decode_bytes")
     if not weight_bytes or not record.get("memory_read_gb_s"):
         return None
@@ -90,7 +94,7 @@ def decode_ceiling(record: dict[str, Any]) -> float | None:
 
 
 def reads_float32_weights(engine: str, result: dict[str, Any]) -> bool:
-    """Whether an engine's W2 decode streams the float32 weights the ceiling counts: HF and vLLM here, and
+    """Whether an engine's W2 decode streams the float32 weights the rate counts: HF and vLLM here, and
     tokenmill unless it reads packed quantized blocks or decodes speculatively (several tokens a read)."""
     if engine in ("hf", "vllm"):
         return True
@@ -104,8 +108,8 @@ def describe(record: dict[str, Any]) -> str:
     readings = ", ".join(f"{r:.1f}" for r in record.get("memory_read_gb_s", ()))
     line = (f"host: {record['cpu']} ({record['machine']}, {record['logical_cpus']} logical CPUs, torch "
             f"{record['torch_threads']} threads, {record['torch_cpu_capability']}); memory reads {readings} GB/s")
-    ceiling = decode_ceiling(record)
-    if ceiling is not None:
-        line += (f"; float32 decode ceiling {ceiling:.1f} tok/s "
+    rate = float32_stream_rate(record)
+    if rate is not None:
+        line += (f"; float32 streaming rate {rate:.1f} tok/s "
                  f"({record['float32_decode_bytes'] / 1e6:.0f} MB of weights a token)")
     return line

@@ -103,7 +103,8 @@ class CpuLayerKernels(LayerKernels):
 
     def __init__(self, bf16_estimates: bool = False, split_bf16: bool = False) -> None:
         """``bf16_estimates``: the CPU multiplies bfloat16 natively, so ``greedy_lm_head`` may estimate
-        logits in bfloat16 (elsewhere it declines). ``split_bf16``: float32 products of more than
+        the logits of more than two rows in bfloat16 (elsewhere it declines them; one or two rows take
+        int8 estimates on every CPU). ``split_bf16``: float32 products of more than
         ``SMALL_BATCH_ROWS`` rows may run in bf16x3 on AMX (``SplitBf16Matmul``) where the CPU has it."""
         self._library = load_layer_ops()
         self._greedy_head = GreedyHead(bf16_estimates)
@@ -217,6 +218,7 @@ class CpuLayerKernels(LayerKernels):
         return self._greedy_head.argmax_rows(logits)
 
     def greedy_lm_head(self, hidden: Any, weight: Any) -> Any | None:
-        """The argmax of a float32 LM head from bfloat16 estimates and float32 recomputation of the tokens
-        still in contention (``GreedyHead``); declined without native bfloat16 products."""
+        """The argmax of a float32 LM head from int8 (one or two rows) or bfloat16 estimates and float32
+        recomputation of the tokens still in contention (``GreedyHead``); more rows are declined without
+        native bfloat16 products."""
         return self._greedy_head(hidden, weight)
