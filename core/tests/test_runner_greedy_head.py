@@ -15,7 +15,7 @@ from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import LayerKernels
 from tokenmill.reference.attention import ReferenceAttentionBackend
 from tokenmill.request import Request
-from tokenmill.runner.model_runner import ModelRunner
+from tokenmill.runner.model_runner import GREEDY_PREPARE_ROWS, ModelRunner
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler import Scheduler, SchedulerConfig
 
@@ -119,7 +119,7 @@ def test_the_lm_head_asks_only_for_a_plain_float32_product(checkpoint):
     assert kernels.greedy_calls == 1
 
 
-def test_the_runner_prepares_the_greedy_head_on_a_zero_row(checkpoint):
+def test_the_runner_prepares_the_greedy_head_on_zero_rows(checkpoint):
     seen = []
 
     class Recording(CountingKernels):
@@ -130,11 +130,12 @@ def test_the_runner_prepares_the_greedy_head_on_a_zero_row(checkpoint):
     kernels = Recording()
     runner = _runner(checkpoint, kernels)
     runner.prepare_greedy_head(CONFIG["hidden_size"], torch.float32)
-    assert kernels.greedy_calls == 1
-    assert seen[0].shape == (1, CONFIG["hidden_size"]) and seen[0].dtype == torch.float32 and not seen[0].any()
+    assert kernels.greedy_calls == 2  # one row, and a batch past small-step paths such as the CPU's int8 one
+    assert [h.shape for h in seen] == [(1, CONFIG["hidden_size"]), (GREEDY_PREPARE_ROWS, CONFIG["hidden_size"])]
+    assert all(h.dtype == torch.float32 and not h.any() for h in seen)
     runner.prepare_greedy_head(CONFIG["hidden_size"], torch.bfloat16)  # the head of a float32 model declines it
     runner.prepare_greedy_head(0, torch.float32)  # a config without a hidden size: nothing to prepare
-    assert kernels.greedy_calls == 1
+    assert kernels.greedy_calls == 2
 
 
 def test_building_an_engine_prepares_the_greedy_head(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ from tokenmill.spec_decode.proposer import DraftSlot, Proposer
 from tokenmill.spec_decode.verification import accept_greedy, greedy_token_ids
 
 logger = logging.getLogger(__name__)
+GREEDY_PREPARE_ROWS = 8  # past any platform's small-step path (the CPU's int8 estimates take 1-2 rows)
 
 
 @dataclass
@@ -151,12 +152,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prepare_greedy_head(self, hidden_size: int, dtype: torch.dtype) -> None:
-        """Run the model's ``greedy_token_ids`` once on a zero row of the model's hidden states, so that
-        what a platform derives from the LM head at its first call (the CPU platform's bfloat16 copy and
-        row norms: 0.6 s on SmolLM2, paid by the first request's step until now) is made at build time."""
+        """Run the model's ``greedy_token_ids`` on zero rows of the model's hidden states, one row and
+        ``GREEDY_PREPARE_ROWS``, so that what a platform derives from the LM head at its first call of
+        either size (the CPU platform's int8 copy for one or two rows, bfloat16 copy and row norms for
+        more: 0.6 s on SmolLM2, paid by the first request's step until then) is made at build time."""
         greedy_token_ids = getattr(self.model, "greedy_token_ids", None)
         if greedy_token_ids is not None and hidden_size > 0:
-            greedy_token_ids(torch.zeros(1, hidden_size, dtype=dtype, device=self.device))
+            for rows in (1, GREEDY_PREPARE_ROWS):
+                greedy_token_ids(torch.zeros(rows, hidden_size, dtype=dtype, device=self.device))
 
     def _replay(self, step: StepInputs) -> torch.Tensor | None:
         """The step's hidden states through a decode or prefill graph, or None to run it eagerly."""
