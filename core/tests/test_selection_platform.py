@@ -187,10 +187,12 @@ def test_api_major_mismatch_is_refused_with_one_clear_line():
 
 
 def test_plugin_needing_a_newer_minor_is_refused():
-    record = registry(fake_platform("cuda", "cuda", 100, api_version=(1, 7))).find("platform", "cuda")[0]
+    newer = (PLUGIN_API_VERSION[0], PLUGIN_API_VERSION[1] + 1)
+    record = registry(fake_platform("cuda", "cuda", 100, api_version=newer)).find("platform", "cuda")[0]
     assert record.status is PluginStatus.INCOMPATIBLE
     core = ".".join(map(str, PLUGIN_API_VERSION))
-    assert f"needs plugin API 1.7, but this tokenmill provides {core}: upgrade tokenmill" in record.reason
+    assert f"needs plugin API {newer[0]}.{newer[1]}, but this tokenmill provides {core}: upgrade tokenmill" \
+        in record.reason
 
 
 def test_allow_list_keeps_only_named_plugins_and_core():
