@@ -221,3 +221,15 @@ def test_int8_estimates_of_other_builds(tmp_path, march):
         want = hidden.double() @ rows_q.T * estimator.scales[: weight.shape[0]].double()
         got = estimator.estimate(library, hidden)
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_int8_estimates_decline_what_they_cannot_settle(bad):
+    torch.manual_seed(9)
+    head = GreedyHead(bf16_estimates=False)
+    hidden, weight = torch.randn(1, 32), torch.randn(100, 32)
+    weight[17, 3] = bad  # the row's scale is not finite: so is its estimate
+    assert head(hidden, weight) is None
+    weight[17, 3] = 0.0
+    hidden[0, 5] = bad
+    assert head(hidden, weight) is None
