@@ -47,6 +47,13 @@ def _held_back(text: str, marker: str) -> int:
     return 0
 
 
+def _may_open_calls(text: str, opener: str, tag: str | None = None) -> bool:
+    """Whether a streamed answer that is calls only when it is calls as a whole may still turn out to be
+    calls: nothing but whitespace yet, it opens with ``opener``, or it opens with (a start of) ``tag``."""
+    head = text.lstrip()
+    return not head or head.startswith(opener) or (tag is not None and (head.startswith(tag) or tag.startswith(head)))
+
+
 class HermesParser:
     """``<tool_call>{json}</tool_call>`` blocks."""
 
@@ -104,10 +111,7 @@ class Llama3JsonParser:
 
     def content_end(self, text: str) -> int:
         """0 while the answer may still turn out to be calls (it starts with ``{`` or the tag), else all."""
-        head = text.lstrip()
-        if not head or head.startswith("{") or head.startswith(self.TAG) or self.TAG.startswith(head):
-            return 0
-        return len(text)
+        return 0 if _may_open_calls(text, "{", self.TAG) else len(text)
 
 
 class MistralParser:
@@ -143,9 +147,7 @@ class MistralParser:
         start = text.find(self.MARKER)
         if start >= 0:
             return start
-        if not text.strip() or text.lstrip().startswith("["):
-            return 0
-        return len(text) - _held_back(text, self.MARKER)
+        return 0 if _may_open_calls(text, "[") else len(text) - _held_back(text, self.MARKER)
 
 
 class PythonicParser:
@@ -180,10 +182,7 @@ class PythonicParser:
 
     def content_end(self, text: str) -> int:
         """0 while the answer may still be a list of calls (it starts with ``[`` or the tag), else all."""
-        head, tag = text.lstrip(), self.TAGS[0]
-        if not head or head.startswith("[") or head.startswith(tag) or tag.startswith(head):
-            return 0
-        return len(text)
+        return 0 if _may_open_calls(text, "[", self.TAGS[0]) else len(text)
 
 
 ToolCallParser = HermesParser | Llama3JsonParser | MistralParser | PythonicParser

@@ -64,10 +64,14 @@ class EngineCore:
         for request in compiling:
             request.finish(status, stop_reason)
         for request in [*compiling, *self.scheduler.finish_requests(request_ids, status, stop_reason)]:
-            self._pending.append(EngineCoreOutput(request.request_id, [], finish_reason=request.finish_reason,
-                                                  stop_reason=request.stop_reason,
-                                                  num_cached_tokens=request.num_cached_tokens))
-            self._report_finished(request)
+            self._emit_finished(request)
+
+    def _emit_finished(self, request: Request) -> None:
+        """Queue a finished request's final (token-less) output and report it finished."""
+        self._pending.append(EngineCoreOutput(request.request_id, [], finish_reason=request.finish_reason,
+                                              stop_reason=request.stop_reason,
+                                              num_cached_tokens=request.num_cached_tokens))
+        self._report_finished(request)
 
     def has_unfinished_requests(self) -> bool:
         compiling = self._grammar_queue is not None and len(self._grammar_queue) > 0
@@ -142,8 +146,7 @@ class EngineCore:
             if isinstance(grammar, ValueError):
                 logger.warning("request %s: %s", request.request_id, grammar)
                 request.finish(RequestStatus.FINISHED_ABORTED)
-                self._pending.append(EngineCoreOutput(request.request_id, [], finish_reason=request.finish_reason))
-                self._report_finished(request)
+                self._emit_finished(request)
                 continue
             request.grammar = grammar
             self.scheduler.add_request(request, fork_of=fork_of)

@@ -180,24 +180,24 @@ class GreedyHead:
         if not self.bf16_estimates:
             return None
         estimator = self._estimators(weight)
-        estimate = estimator.estimate(hidden)
-        rows, depth = hidden.shape
-        rel, out_rel = error_bounds(depth)
-        out = torch.empty(rows, dtype=torch.int64)
-        unsettled = native_call(self._library.greedy_head_f32, estimate.data_ptr(), estimate.stride(0),
-                                hidden.data_ptr(), hidden.stride(0), weight.data_ptr(), weight.stride(0),
-                                estimator.norms.data_ptr(), rows, weight.shape[0], depth, rel, out_rel,
-                                out.data_ptr())
-        return None if unsettled else out
+        rel, out_rel = error_bounds(hidden.shape[1])
+        return self._settle(self._library.greedy_head_f32, estimator.estimate(hidden), hidden, weight,
+                            estimator.norms, rel, out_rel)
 
     def _settle_int8(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         estimator = self._int8(weight)
-        estimate = estimator.estimate(self._library, hidden)
+        out_rel = SLACK * FLOAT32_ROUNDOFF / (1 - FLOAT32_ROUNDOFF)  # the product by s_j
+        return self._settle(self._library.greedy_head_f32_est_f32, estimator.estimate(self._library, hidden), hidden,
+                            weight, estimator.bounds, SLACK, out_rel)
+
+    @staticmethod
+    def _settle(function, estimate: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, norms: torch.Tensor,
+                rel: float, out_rel: float) -> torch.Tensor | None:
+        """Each row's argmax from ``estimate`` and its error bound ``rel |x| norms_j + out_rel |est_j|``
+        (``kernels/greedy_head.c``), or None when a row could not be settled."""
         rows, depth = hidden.shape
         out = torch.empty(rows, dtype=torch.int64)
-        out_rel = SLACK * FLOAT32_ROUNDOFF / (1 - FLOAT32_ROUNDOFF)  # the product by s_j
-        unsettled = native_call(self._library.greedy_head_f32_est_f32, estimate.data_ptr(), estimate.stride(0),
-                                hidden.data_ptr(), hidden.stride(0), weight.data_ptr(), weight.stride(0),
-                                estimator.bounds.data_ptr(), rows, weight.shape[0], depth, SLACK, out_rel,
-                                out.data_ptr())
+        unsettled = native_call(function, estimate.data_ptr(), estimate.stride(0), hidden.data_ptr(), hidden.stride(0),
+                                weight.data_ptr(), weight.stride(0), norms.data_ptr(), rows, weight.shape[0], depth,
+                                rel, out_rel, out.data_ptr())
         return None if unsettled else out

@@ -208,10 +208,10 @@ class CpuLayerKernels(LayerKernels):
     def small_batch_linear_covers(self, weight: Any) -> bool:
         """True for a float32 weight where bf16x3 on AMX is on: ``small_batch_linear`` then takes it at
         every row count (1-2 rows straight from it, more split), and oneDNN's copy would never be read."""
-        if self._split_matmul is None or weight.dtype is not FLOAT32 or weight.dim() != 2 or weight.stride(1) != 1:
+        if self._split_matmul is None or weight.dim() != 2:
             return False
-        probe = torch.empty(1, weight.shape[1], dtype=FLOAT32)
-        return self._split_matmul.accepts(probe, weight) and self._panel_matmul.accepts(probe, weight)
+        one_row = torch.empty(1, weight.shape[1], dtype=FLOAT32)  # the operand checks do not depend on the rows
+        return self._split_matmul.accepts(one_row, weight) and self._panel_matmul.accepts(one_row, weight)
 
     def argmax_rows(self, logits: Any) -> Any | None:
         """Each float32 row's argmax in C, rows spread over the threads."""

@@ -107,7 +107,8 @@ class CpuPlatform(Platform):
     def layer_kernels(self) -> LayerKernels | None:
         """RMSNorm, rotary, SiluAndMul, decode-step matrix products and greedy argmaxes in C
         (``CpuLayerKernels``) when a C compiler can build them, the greedy LM head estimated in int8 for
-        one or two rows and in bfloat16 for more where the ISA multiplies it natively; ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's PyTorch code."""
+        one or two rows and in bfloat16 for more where the ISA multiplies it natively;
+        ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's PyTorch code."""
         if os.environ.get(LAYER_KERNELS_ENV, "1") == "0":
             return None
         from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable  # imports torch
