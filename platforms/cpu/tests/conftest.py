@@ -1,7 +1,12 @@
-"""/proc/cpuinfo and /proc/meminfo texts of machines other than this one."""
+"""/proc/cpuinfo and /proc/meminfo texts of machines other than this one, and the kernels built for
+other x86-64 targets (so an AVX-512 host also runs the AVX2 code an AVX2 CPU gets)."""
 
 from __future__ import annotations
 
+import ctypes
+import platform
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -53,3 +58,30 @@ def write_proc(tmp_path):
         return str(path)
 
     return write
+
+
+@pytest.fixture
+def build_for_march(tmp_path):
+    """``build(source, march, like)``: ``source`` compiled for ``-march=march`` without AVX-512 (haswell:
+    AVX2 + FMA; x86-64: the portable code), its functions typed as those of ``like`` (the loaded
+    native build of the same source). Skipped off x86-64, without AVX2 or without a C compiler."""
+    from tokenmill.layers.native_library import FLAGS, compiler
+
+    if platform.machine() != "x86_64" or "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("x86-64 builds, run on an AVX2 CPU")
+    cc = compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+
+    def build(source: Path, march: str, like: ctypes.CDLL) -> ctypes.CDLL:
+        built = tmp_path / f"{source.stem}_{march}.so"
+        flags = [f for f in FLAGS if not f.startswith("-march")] + [f"-march={march}", "-mno-avx512f"]
+        subprocess.run([cc, *flags, str(source), "-o", str(built), "-lm"], check=True, capture_output=True)
+        library = ctypes.CDLL(str(built))
+        for name in dir(like):
+            if not name.startswith("_") and hasattr(library, name):
+                function, typed = getattr(library, name), getattr(like, name)
+                function.argtypes, function.restype = typed.argtypes, typed.restype
+        return library
+
+    return build

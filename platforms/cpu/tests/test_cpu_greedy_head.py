@@ -192,26 +192,11 @@ def test_the_int8_error_bound_holds(depth):
 
 
 @pytest.mark.parametrize("march", ["haswell", "x86-64"])
-def test_int8_estimates_of_other_builds(tmp_path, march):
+def test_int8_estimates_of_other_builds(build_for_march, march):
     """The AVX2 block and the portable one (x86-64 baseline) against the float64 product of the int8 rows."""
-    import platform
-
-    if platform.machine() != "x86_64":
-        pytest.skip("x86-64 builds")
-    import ctypes
-    import subprocess
-
-    from tokenmill.layers.native_library import FLAGS, compiler
     from tokenmill_cpu.greedy_head import INT8_LANES, SOURCE, Int8Estimator
 
-    cc = compiler()
-    if cc is None:
-        pytest.skip("no C compiler")
-    built = tmp_path / f"greedy_head_{march}.so"
-    flags = [f for f in FLAGS if not f.startswith("-march")] + [f"-march={march}", "-mno-avx512f"]
-    subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"], check=True, capture_output=True)
-    library = ctypes.CDLL(str(built))
-    library.int8_estimate_f32.argtypes = load_greedy_head().int8_estimate_f32.argtypes
+    library = build_for_march(SOURCE, march, load_greedy_head())
     torch.manual_seed(8)
     weight = torch.randn(INT8_LANES * 7 + 5, 100) * 0.05  # a ragged last block
     estimator = Int8Estimator(weight)

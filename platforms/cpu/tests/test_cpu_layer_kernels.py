@@ -6,6 +6,8 @@ unsupported inputs are declined; the platform hands them to the model."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryAngles
 from tokenmill_cpu.layer_kernels import (
     SMALL_BATCH_ROWS,
+    SMALL_BATCH_SOURCE,
     CpuLayerKernels,
     layer_ops_unavailable,
     load_small_batch_matmul,
@@ -154,7 +157,7 @@ def test_embedding_and_rotary_angles_gather_through_the_kernels(kernels):
 
 
 SMALL_BATCH = pytest.mark.skipif(layer_ops_unavailable() is not None or not load_small_batch_matmul().offered,
-                                 reason="the small-batch matmul is offered on AVX-512 builds only")
+                                 reason="the small-batch matmul is offered on AVX-512 and AVX2 + FMA builds only")
 
 
 @SMALL_BATCH
@@ -176,6 +179,25 @@ def test_small_batch_linear_reads_strided_rows_and_weights(kernels):
     x = torch.randn(2, 100)[:, 3:67]  # rows 100 floats apart
     weight = torch.randn(40, 80)[::2, :64]  # every other weight row
     torch.testing.assert_close(kernels.small_batch_linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+@SMALL_BATCH
+def test_the_avx2_small_batch_build_matches_the_float64_product(build_for_march):
+    """The AVX2 + FMA build (16 depths a step as two 8-lane halves, a ragged tail), whatever this host builds."""
+    function = load_small_batch_matmul()
+    library = build_for_march(SMALL_BATCH_SOURCE, "haswell", SimpleNamespace(small_batch_matmul_f32=function))
+    torch.manual_seed(4)
+    for rows in range(1, SMALL_BATCH_ROWS + 1):
+        for out_features, in_features in ((960, 576), (49, 37), (1, 16), (5, 1)):
+            x = torch.randn(rows, in_features + 3)[:, :in_features]  # strided rows
+            weight = torch.randn(out_features, in_features)
+            out = torch.full((rows, out_features + 1), float("nan"))
+            library.small_batch_matmul_f32(x.data_ptr(), rows, in_features, x.stride(0), weight.data_ptr(),
+                                           out_features, weight.stride(0), out.data_ptr(), out.stride(0))
+            torch.testing.assert_close(out[:, :out_features].double(), x.double() @ weight.double().T, rtol=1e-5,
+                                       atol=1e-5 * in_features ** 0.5)
+            assert out[:, out_features:].isnan().all()  # nothing past the product is written
+    assert library.small_batch_matmul_offered() == 1
 
 
 def test_small_batch_linear_declines_what_onednn_does_better(kernels):

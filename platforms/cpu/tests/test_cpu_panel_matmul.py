@@ -16,11 +16,11 @@ import torch
 
 from tokenmill.layers.native_library import build_failure
 from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable
-from tokenmill_cpu.panel_matmul import PANEL_MAX_ROWS, PanelMatmul, load_panel_matmul
+from tokenmill_cpu.panel_matmul import PANEL_MAX_ROWS, SOURCE, PanelMatmul, load_panel_matmul
 
 pytestmark = pytest.mark.skipif(
     build_failure(load_panel_matmul) is not None or not load_panel_matmul().panel_matmul_offered(),
-    reason="the panel matmul is offered on AVX-512 builds only")
+    reason="the panel matmul is offered on AVX-512 and AVX2 + FMA builds only")
 
 
 @pytest.fixture
@@ -40,6 +40,21 @@ def test_matches_the_float64_product(panel, rows, out_features, in_features):
     torch.manual_seed(rows * 131 + out_features * 7 + in_features)
     x, weight = torch.randn(rows, in_features), torch.randn(out_features, in_features)
     assert panel.accepts(x, weight)
+    _assert_product(panel(x, weight), x, weight)
+
+
+def test_the_avx2_build_matches_the_float64_product(build_for_march):
+    """The AVX2 + FMA build (blocks of 6 rows x 16 columns, 128-deep chunks), whatever this host builds:
+    row counts around its blocks, widths around the panel's thirds, depths past a chunk, strides."""
+    panel = PanelMatmul()
+    panel._library = build_for_march(SOURCE, "haswell", load_panel_matmul())
+    torch.manual_seed(3)
+    for rows in (1, 2, 5, 6, 7, 13, 64):
+        for out_features, in_features in ((960, 576), (49, 300), (17, 129), (40, 1)):
+            x, weight = torch.randn(rows, in_features), torch.randn(out_features, in_features)
+            _assert_product(panel(x, weight), x, weight)
+    x = torch.randn(7, 700)[:, 3:603]
+    weight = torch.randn(100, 640)[::2, :600]
     _assert_product(panel(x, weight), x, weight)
 
 

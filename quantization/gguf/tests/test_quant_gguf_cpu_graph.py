@@ -125,7 +125,7 @@ def native_dense_matmul_offered() -> bool:
             and bool(load_panel_matmul().panel_matmul_offered()))
 
 
-@pytest.mark.skipif(not native_dense_matmul_offered(), reason="the native float32 matmuls are offered on AVX-512 builds only")
+@pytest.mark.skipif(not native_dense_matmul_offered(), reason="the native float32 matmuls are offered on AVX-512 and AVX2 + FMA builds only")
 def test_a_dense_model_captures_every_batch_size_through_the_native_matmuls(tmp_path):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).save_pretrained(tmp_path)

@@ -27,7 +27,7 @@ from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LayerKernels
 from tokenmill_cpu.greedy_head import GreedyHead, load_greedy_head
 from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
-from tokenmill_cpu.panel_matmul import PanelMatmul, load_panel_matmul
+from tokenmill_cpu.panel_matmul import PanelMatmul, float32_matrices, load_panel_matmul
 from tokenmill_cpu.split_bf16_matmul import SplitBf16Matmul, load_split_bf16_matmul
 
 SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
@@ -56,8 +56,8 @@ def load_layer_ops() -> ctypes.CDLL:
 
 @lru_cache(maxsize=1)
 def load_small_batch_matmul() -> Any:
-    """``small_batch_matmul_f32`` from its compiled library, with ``offered`` (False where oneDNN stays
-    faster: builds without AVX-512); NativeBuildError when there is no C compiler."""
+    """``small_batch_matmul_f32`` from its compiled library, with ``offered`` (False where oneDNN stays:
+    builds with neither AVX-512 nor AVX2 + FMA); NativeBuildError when there is no C compiler."""
     library = build_native_library(SMALL_BATCH_SOURCE, "CPU small-batch matmul")
     function = library.small_batch_matmul_f32
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -189,17 +189,15 @@ class CpuLayerKernels(LayerKernels):
         return self._split_matmul is not None
 
     def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
-        """``x @ weight.T`` for float32 rows on AVX-512 CPUs: up to ``SMALL_BATCH_ROWS`` rows straight
-        from the weight; more rows in bf16x3 on AMX when ``split_bf16`` (at every row count: it beats
+        """``x @ weight.T`` for float32 rows: up to ``SMALL_BATCH_ROWS`` rows straight from the weight
+        (AVX-512, or AVX2 with FMA); more rows in bf16x3 on AMX when ``split_bf16`` (at every row count: it beats
         oneDNN's float32 product throughout), else up to ``PANEL_MAX_ROWS`` against packed panels;
         the rest, and other CPUs, go to oneDNN."""
         if self._split_matmul is not None and self._split_matmul.accepts(x, weight) and x.shape[0] > SMALL_BATCH_ROWS:
             return self._split_matmul(x, weight)
-        if not self._panel_matmul.accepts(x, weight):  # operands both kernels take, up to PANEL_MAX_ROWS rows
-            return None
+        if not (self._small_batch_matmul.offered and float32_matrices(x, weight) and x.shape[0] <= SMALL_BATCH_ROWS):
+            return self._panel_matmul(x, weight) if self._panel_matmul.accepts(x, weight) else None
         rows, width = x.shape
-        if rows > SMALL_BATCH_ROWS or not self._small_batch_matmul.offered:
-            return self._panel_matmul(x, weight)
         out = torch.empty(rows, weight.shape[0], dtype=FLOAT32)
         native_call(self._small_batch_matmul, x.data_ptr(), rows, width, x.stride(0), weight.data_ptr(),
                     weight.shape[0], weight.stride(0), out.data_ptr(), out.stride(0))
