@@ -66,8 +66,9 @@ def build_for_march(tmp_path):
     AVX2 + FMA; x86-64: the portable code), its functions typed as those of ``like`` (the loaded
     native build of the same source). Skipped off x86-64, without AVX2 or without a C compiler."""
     from tokenmill.layers.native_library import FLAGS, compiler
+    from tokenmill_cpu.cpuinfo import read_cpuinfo
 
-    if platform.machine() != "x86_64" or "avx2" not in Path("/proc/cpuinfo").read_text():
+    if platform.machine() != "x86_64" or "avx2" not in read_cpuinfo().flags:
         pytest.skip("x86-64 builds, run on an AVX2 CPU")
     cc = compiler()
     if cc is None:

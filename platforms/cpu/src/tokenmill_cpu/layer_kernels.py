@@ -195,13 +195,13 @@ class CpuLayerKernels(LayerKernels):
         the rest, and other CPUs, go to oneDNN."""
         if self._split_matmul is not None and self._split_matmul.accepts(x, weight) and x.shape[0] > SMALL_BATCH_ROWS:
             return self._split_matmul(x, weight)
-        if not (self._small_batch_matmul.offered and float32_matrices(x, weight) and x.shape[0] <= SMALL_BATCH_ROWS):
-            return self._panel_matmul(x, weight) if self._panel_matmul.accepts(x, weight) else None
-        rows, width = x.shape
-        out = torch.empty(rows, weight.shape[0], dtype=FLOAT32)
-        native_call(self._small_batch_matmul, x.data_ptr(), rows, width, x.stride(0), weight.data_ptr(),
-                    weight.shape[0], weight.stride(0), out.data_ptr(), out.stride(0))
-        return out
+        if x.shape[0] <= SMALL_BATCH_ROWS and self._small_batch_matmul.offered and float32_matrices(x, weight):
+            rows, width = x.shape
+            out = torch.empty(rows, weight.shape[0], dtype=FLOAT32)
+            native_call(self._small_batch_matmul, x.data_ptr(), rows, width, x.stride(0), weight.data_ptr(),
+                        weight.shape[0], weight.stride(0), out.data_ptr(), out.stride(0))
+            return out
+        return self._panel_matmul(x, weight) if self._panel_matmul.accepts(x, weight) else None
 
     def small_batch_linear_covers(self, weight: Any) -> bool:
         """True for a float32 weight where bf16x3 on AMX is on: ``small_batch_linear`` then takes it at

@@ -43,7 +43,8 @@ void pack_panels_f32(const float *w, int64_t N, int64_t K, int64_t ldw, float *p
 
 #define ROWS 8
 #define KC 192
-typedef __mmask16 mask_t;
+#define MASKS 3
+typedef __mmask16 mask_t; /* three 16-lane masks: the lanes of a panel's columns below its width */
 
 static inline void panel_masks(int64_t width, mask_t *masks) {
     masks[0] = lanes(width), masks[1] = lanes(width - 16), masks[2] = lanes(width - 32);
@@ -83,11 +84,12 @@ static inline __attribute__((always_inline)) void block(const float *x, int64_t 
 #else
 #define ROWS 6
 #define KC 128
+#define MASKS 6
 typedef __m256i mask_t; /* six 8-lane masks: the lanes of a panel's columns below its width */
 
 static inline void panel_masks(int64_t width, mask_t *masks) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int v = 0; v < 6; ++v) masks[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(width - 8 * v)), lane);
+    for (int v = 0; v < MASKS; ++v) masks[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(width - 8 * v)), lane);
 }
 
 /* As the AVX-512 block, a third of the panel (16 columns) at a time: 6 rows x 16 columns are 12
@@ -158,7 +160,7 @@ void panel_matmul_f32(const float *x, int64_t M, int64_t K, int64_t ldx, const f
             int64_t end;
             for (int64_t p; (p = ranges_claim(&ranges, &me, &end)) >= 0;) {
                 const int64_t width = N - p * PANEL;
-                mask_t masks[6];
+                mask_t masks[MASKS];
                 panel_masks(width, masks);
                 for (int64_t k0 = 0; k0 < K; k0 += KC) {
                     const int64_t kc = depth_chunk(k0, K);

@@ -5,10 +5,9 @@
  * Two weight rows at a time go against up to ROWS rows of x held in vector accumulators (sums in
  * 16 lanes, then across them: only the order of the sums differs from x @ w.T). OpenMP gives each
  * thread one contiguous range of weight rows, so each streams memory sequentially, with software
- * prefetches of the rows ahead. The AVX-512 build is written with GCC vector extensions; AVX2 with
- * FMA has its own intrinsics (the vector-extension source built for AVX2 ran at half of oneDNN's
- * speed: 28.9 against 14.7 ms for 30 SmolLM2 layers at one row), 16 lanes as two 8-lane halves. Other
- * CPUs keep oneDNN (small_batch_matmul_offered).
+ * prefetches of the rows ahead. The 16 lanes are a GCC vector (AVX-512), or with AVX2 + FMA two
+ * 8-lane intrinsic halves (the GCC vector built for AVX2 ran at half of oneDNN's speed: 28.9 against
+ * 14.7 ms for 30 SmolLM2 layers at one row). Other CPUs keep oneDNN (small_batch_matmul_offered).
  */
 #include <stdint.h>
 #include <string.h>
@@ -32,54 +31,24 @@
 
 #define SMALL_BATCH_AVX2 1
 
-static inline float sum_halves(__m256 lo, __m256 hi) {
-    float lanes_[8];
-    _mm256_storeu_ps(lanes_, _mm256_add_ps(lo, hi));
-    float s = 0.0f;
-    for (int i = 0; i < 8; ++i) s += lanes_[i];
-    return s;
+typedef struct {
+    __m256 lo, hi;
+} lanes;
+
+static inline lanes load(const float *p) { return (lanes){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+
+static inline lanes zero(void) { return (lanes){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+
+static inline lanes fma_lanes(lanes a, lanes b, lanes acc) {
+    return (lanes){_mm256_fmadd_ps(a.lo, b.lo, acc.lo), _mm256_fmadd_ps(a.hi, b.hi, acc.hi)};
 }
 
-/* y[m][0..pair) for rows m < rows (1 or 2) of x against weight rows w0 (and w1 when pair is 2):
- * per row and weight row, two 8-lane accumulators take alternate halves of each 16 depths. */
-static inline __attribute__((always_inline)) void block(const float *x, int64_t ldx, const int rows, int64_t K,
-                                                         const float *w0, const float *w1, const int pair, float *y,
-                                                         int64_t ldy) {
-    __m256 a0 = _mm256_setzero_ps(), b0 = a0, c0 = a0, d0 = a0; /* x row 0: w0 lo/hi, w1 lo/hi */
-    __m256 a1 = a0, b1 = a0, c1 = a0, d1 = a0;                  /* x row 1 */
-    int64_t k = 0;
-    for (; k + LANES <= K; k += LANES) {
-        const __m256 u0 = _mm256_loadu_ps(w0 + k), u1 = _mm256_loadu_ps(w0 + k + 8);
-        const __m256 x0 = _mm256_loadu_ps(x + k), x0h = _mm256_loadu_ps(x + k + 8);
-        a0 = _mm256_fmadd_ps(u0, x0, a0);
-        b0 = _mm256_fmadd_ps(u1, x0h, b0);
-        if (rows == 2) {
-            const __m256 x1 = _mm256_loadu_ps(x + ldx + k), x1h = _mm256_loadu_ps(x + ldx + k + 8);
-            a1 = _mm256_fmadd_ps(u0, x1, a1);
-            b1 = _mm256_fmadd_ps(u1, x1h, b1);
-            if (pair == 2) {
-                const __m256 v0 = _mm256_loadu_ps(w1 + k), v1 = _mm256_loadu_ps(w1 + k + 8);
-                c0 = _mm256_fmadd_ps(v0, x0, c0);
-                d0 = _mm256_fmadd_ps(v1, x0h, d0);
-                c1 = _mm256_fmadd_ps(v0, x1, c1);
-                d1 = _mm256_fmadd_ps(v1, x1h, d1);
-            }
-        } else if (pair == 2) {
-            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), x0, c0);
-            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k + 8), x0h, d0);
-        }
-    }
-    for (int m = 0; m < rows; ++m) {
-        const float *xm = x + m * ldx;
-        float a = m == 0 ? sum_halves(a0, b0) : sum_halves(a1, b1);
-        float b = pair == 2 ? (m == 0 ? sum_halves(c0, d0) : sum_halves(c1, d1)) : 0.0f;
-        for (int64_t j = k; j < K; ++j) {
-            a += w0[j] * xm[j];
-            if (pair == 2) b += w1[j] * xm[j];
-        }
-        y[m * ldy] = a;
-        if (pair == 2) y[m * ldy + 1] = b;
-    }
+static inline float sum_lanes(lanes v) {
+    float halves[8];
+    _mm256_storeu_ps(halves, _mm256_add_ps(v.lo, v.hi));
+    float s = 0.0f;
+    for (int i = 0; i < 8; ++i) s += halves[i];
+    return s;
 }
 #else
 typedef float lanes __attribute__((vector_size(4 * LANES)));
@@ -90,25 +59,30 @@ static inline lanes load(const float *p) {
     return v;
 }
 
+static inline lanes zero(void) { return (lanes){0}; }
+
+static inline lanes fma_lanes(lanes a, lanes b, lanes acc) { return acc + a * b; }
+
 static inline float sum_lanes(lanes v) {
     float s = 0.0f;
     for (int i = 0; i < LANES; ++i) s += v[i];
     return s;
 }
+#endif
 
 /* y[m][0..PAIR) for rows m < rows of x against weight rows w0 (and w1 when PAIR is 2). */
 static inline __attribute__((always_inline)) void block(const float *x, int64_t ldx, int64_t rows, int64_t K,
                                                          const float *w0, const float *w1, int pair, float *y,
                                                          int64_t ldy) {
     lanes first[ROWS], second[ROWS];
-    for (int64_t m = 0; m < rows; ++m) first[m] = second[m] = (lanes){0};
+    for (int64_t m = 0; m < rows; ++m) first[m] = second[m] = zero();
     int64_t k = 0;
     for (; k + LANES <= K; k += LANES) {
         const lanes u = load(w0 + k), v = pair == 2 ? load(w1 + k) : u;
         for (int64_t m = 0; m < rows; ++m) {
             const lanes xs = load(x + m * ldx + k);
-            first[m] += u * xs;
-            if (pair == 2) second[m] += v * xs;
+            first[m] = fma_lanes(u, xs, first[m]);
+            if (pair == 2) second[m] = fma_lanes(v, xs, second[m]);
         }
     }
     for (int64_t m = 0; m < rows; ++m) {
@@ -121,8 +95,6 @@ static inline __attribute__((always_inline)) void block(const float *x, int64_t 
         if (pair == 2) y[m * ldy + 1] = b;
     }
 }
-
-#endif
 
 /* block with the row count and the pairing as constants, so the accumulators stay in registers. */
 #define BLOCK(ROWS_N, PAIR)                                                                                     \
