@@ -99,9 +99,10 @@ def test_disconnects_return_gauges_to_baseline(smollm2_server):
             time.sleep(0.02)
         assert metric_value(url, RUNNING) == 2 and metric_value(url, KV) > 0
     assert wait_for_idle(url)
-    long_prompt = {"prompt": "The history of the world, part one. " * 150, "max_tokens": 5}
-    with pytest.raises(httpx.TimeoutException):  # hang up during the long prefill
-        httpx.post(url + "/v1/completions", json=long_prompt, timeout=0.5)
+    # a fast host may finish the prefill inside the timeout, so the 400 forced tokens keep the request busy
+    long_request = {"prompt": "The history of the world, part one. " * 150, "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):  # hang up during the prefill or the decode
+        httpx.post(url + "/v1/completions", json=long_request, timeout=0.5)
     assert wait_for_idle(url)
     assert metric_value(url, aborts_name) == aborts + 2
 
