@@ -154,3 +154,16 @@ def test_pythonic_parser_reads_a_list_of_calls(pythonic_server):
     assert not any(d.get("content") for d in deltas)  # held back while it may be calls, then it was
     [calls] = [d["tool_calls"] for d in deltas if d.get("tool_calls")]
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+
+
+@pytest.fixture(scope="module")
+def mistral_server(tiny_model, tmp_path_factory):
+    yield from _auto_tool_server(tiny_model, tmp_path_factory, "mistral")
+
+
+def test_mistral_parser_keeps_special_tokens_in_the_text(mistral_server, auto_server):
+    # Mistral's [TOOL_CALLS] and [ARGS] are special tokens: the text keeps them (forced here: <|im_start|>,
+    # id 1, a special token of the tiny tokenizer) so that the parser can find its markers
+    body = {"tools": [WEATHER], "max_tokens": 3, "logit_bias": {"1": 100}}
+    assert chat(mistral_server, **body)["message"]["content"] == "<|im_start|>" * 3
+    assert not chat(auto_server, **body)["message"]["content"]

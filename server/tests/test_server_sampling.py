@@ -1,6 +1,7 @@
 """The protocol layer without a model: request models -> SamplingParams, caps, unsupported fields."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -211,3 +212,15 @@ def test_structural_tag_from_response_format_or_field():
     assert structured_outputs(completion(structured_outputs={"structural_tag": text}), None).structural_tag == text
     error = api_error(structured_outputs, completion(), {"type": "structural_tag", "format": {"type": "x"}})
     assert error.param == "response_format" and "Format type not recognized" in error.message
+
+
+def test_messages_keep_special_tokens_for_a_parser_that_reads_them():
+    from tokenmill_server.serving_messages import _sampling_params
+    from tokenmill_server.tool_choice import ToolChoice
+
+    body = MessagesRequest.model_validate({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    state = SimpleNamespace(model=MODEL, limits=LIMITS)
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+    assert _sampling_params(body, state, None).skip_special_tokens
+    assert _sampling_params(body, state, ToolChoice.from_anthropic(tools, None, "hermes")).skip_special_tokens
+    assert not _sampling_params(body, state, ToolChoice.from_anthropic(tools, None, "mistral")).skip_special_tokens

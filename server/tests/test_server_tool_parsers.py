@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from tokenmill_server.tool_choice import ToolChoice
 from tokenmill_server.tool_parsers import (
     HermesParser,
     Llama3JsonParser,
@@ -68,6 +69,27 @@ def test_mistral_calls_after_the_marker_or_as_the_whole_answer():
     for text in ("The list [1, 2] is short.", "[]", '[{"name": "f", "arguments": [1]}]', "[TOOL_CALLS][{bad",
                  '[{"arguments": {}}]', '[{"name": "f"}, 3]'):
         assert parser.parse(text) == ParsedOutput(text)
+
+
+def test_mistral_v11_calls_by_name():
+    parser = MistralParser()
+    text = 'Checking.[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}[TOOL_CALLS]ping[ARGS]{}'
+    assert parser.parse(text) == ParsedOutput("Checking.", [("get_time", '{"zone": "UTC"}'), ("ping", "{}")])
+    # the [ARGS] marker dropped by a tokenizer, and v13's [CALL_ID] before it
+    assert parser.parse('[TOOL_CALLS]f{"x": [1, 2]}').calls == [("f", '{"x": [1, 2]}')]
+    assert parser.parse('[TOOL_CALLS]get_time[CALL_ID]a1B2c3D4e[ARGS]{"zone": "CET"}\n').calls == [
+        ("get_time", '{"zone": "CET"}')]
+    for text in ("[TOOL_CALLS]f[ARGS]", '[TOOL_CALLS]f[ARGS]{"x": 1', '[TOOL_CALLS]f[ARGS][1]',
+                 '[TOOL_CALLS]f[ARGS]{} trailing words', '[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{bad',
+                 '[TOOL_CALLS]two words{}', 'get_time[ARGS]{"zone": "UTC"}'):
+        assert parser.parse(text) == ParsedOutput(text)
+
+
+def test_only_the_mistral_parser_keeps_special_tokens():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert ToolChoice.from_request(tools, None, parser="mistral").keeps_special_tokens
+    assert not ToolChoice.from_request(tools, None, parser="hermes").keeps_special_tokens
+    assert not ToolChoice.from_request(tools, "required", parser="mistral").keeps_special_tokens
 
 
 def test_mistral_streaming_holds_back_a_possible_marker_or_list():

@@ -91,6 +91,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
     constraint = tool.constraint if tool is not None and tool.forced else structured_outputs(body, response_format)
     params = build_sampling_params(body, state.limits, state.model, max_tokens=max_tokens, logprobs=logprobs,
                                    stream=body.stream, constraint=constraint)
+    if tool is not None and tool.keeps_special_tokens:
+        params.skip_special_tokens = False
     check_token_ids(params, state.model)
     echo = conversation[-1]["content"] if body.echo and conversation[-1]["role"] == "assistant" else ""
     view = _ChatView(body, name, len(ids), echo, tool)

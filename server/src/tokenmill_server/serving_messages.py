@@ -67,7 +67,8 @@ def _sampling_params(body: MessagesRequest, state: ServerState, tool: ToolChoice
             values[name] = getattr(body, name)
     values.update(max_tokens=body.max_tokens, stop=stop_strings(body.stop_sequences, state.limits, "stop_sequences"),
                   output_kind=RequestOutputKind.DELTA if body.stream else RequestOutputKind.FINAL_ONLY,
-                  structured_outputs=tool.constraint if tool is not None else None)  # None for "auto"
+                  structured_outputs=tool.constraint if tool is not None else None,  # None for "auto"
+                  skip_special_tokens=not (tool is not None and tool.keeps_special_tokens))
     try:
         return SamplingParams(**values)
     except ValueError as error:

@@ -113,6 +113,11 @@ class ToolChoice:
                 for name, parameters in self.functions.items()]
 
     @property
+    def keeps_special_tokens(self) -> bool:
+        """Whether the output's text must keep special tokens: the parser reads markers that are ones."""
+        return self.parser is not None and self.parser.keeps_special_tokens
+
+    @property
     def forced(self) -> bool:
         """Whether the output is constrained to calls (a named function or "required"), not "auto"."""
         return self.parser is None

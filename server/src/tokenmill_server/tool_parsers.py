@@ -5,9 +5,11 @@ its tool calls (vLLM's ``--tool-call-parser`` names), for ``tool_choice: "auto"`
   blocks after optional text.
 - ``llama3_json`` (Llama 3.1-3.3): the whole answer is ``{"name": ..., "parameters": {...}}`` (optionally
   after ``<|python_tag|>``), several calls separated by ``;``.
-- ``mistral`` (Mistral 7B v0.3, Nemo, Small): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` after
-  optional text; the marker is a special token that detokenization may drop, so a whole answer that is
-  such a JSON list reads as calls too.
+- ``mistral``: after optional text, ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (tokenizers
+  before v11: Mistral 7B v0.3, Nemo) or ``[TOOL_CALLS]name[ARGS]{...}`` once per call (v11 on: Mistral
+  Small 3.1+, Devstral, Magistral; v13 puts ``[CALL_ID]id`` before ``[ARGS]``). The markers are special
+  tokens, so the server keeps special tokens in such answers; a whole answer that is a JSON list of
+  calls reads as calls even without the marker.
 - ``pythonic`` (Llama 3.2 / 4 and others prompted that way): the whole answer is a Python list of calls,
   ``[get_weather(city="Paris"), ping()]`` with literal keyword arguments (read by ``ast``, never run).
 
@@ -58,6 +60,7 @@ class HermesParser:
     """``<tool_call>{json}</tool_call>`` blocks."""
 
     name = "hermes"
+    keeps_special_tokens = False
     START, END = "<tool_call>", "</tool_call>"
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
@@ -87,6 +90,7 @@ class Llama3JsonParser:
     """A whole answer of ``{"name", "parameters"}`` objects separated by ``;``."""
 
     name = "llama3_json"
+    keeps_special_tokens = False
     TAG = "<|python_tag|>"
 
     def parse(self, text: str) -> ParsedOutput:
@@ -115,23 +119,33 @@ class Llama3JsonParser:
 
 
 class MistralParser:
-    """``[TOOL_CALLS]`` and a JSON list of ``{"name", "arguments"}`` objects."""
+    """``[TOOL_CALLS]`` and a JSON list of ``{"name", "arguments"}`` objects, or ``[TOOL_CALLS]name[ARGS]{...}``
+    once per call."""
 
     name = "mistral"
+    keeps_special_tokens = True
     MARKER = "[TOOL_CALLS]"
+    _NAMED_CALL = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[CALL_ID\]\s*[A-Za-z0-9]+\s*)?(?:\[ARGS\])?\s*(?=\{)")
 
     def parse(self, text: str) -> ParsedOutput:
-        """Content before the marker and the list's calls; without the marker, calls only when the whole
-        answer is such a list."""
+        """Content before the first marker and the calls after it; without the marker, calls only when the
+        whole answer is a JSON list of calls."""
         start = text.find(self.MARKER)
-        body = text[start + len(self.MARKER):] if start >= 0 else text
-        calls = self._calls(body.strip())
+        if start < 0:
+            calls = self._listed_calls(text.strip())
+            return ParsedOutput(None, calls) if calls is not None else ParsedOutput(text)
+        pieces = text[start + len(self.MARKER):].split(self.MARKER)
+        if len(pieces) == 1 and pieces[0].lstrip()[:1] in ("[", "{"):
+            calls = self._listed_calls(pieces[0].strip())
+        else:
+            named = [self._named_call(piece) for piece in pieces]
+            calls = None if any(call is None for call in named) else named
         if calls is None:
             return ParsedOutput(text)
-        return ParsedOutput(text[:start].strip() or None if start >= 0 else None, calls)
+        return ParsedOutput(text[:start].strip() or None, calls)
 
     @staticmethod
-    def _calls(body: str) -> list[tuple[str, str]] | None:
+    def _listed_calls(body: str) -> list[tuple[str, str]] | None:
         try:
             found = json.loads(body)
         except ValueError:
@@ -141,6 +155,20 @@ class MistralParser:
             return None
         calls = [_call(obj, "arguments") for obj in found]
         return None if any(call is None for call in calls) else calls
+
+    @classmethod
+    def _named_call(cls, piece: str) -> tuple[str, str] | None:
+        """``name[ARGS]{...}`` (the ``[ARGS]`` may be missing, a ``[CALL_ID]id`` may precede it) as a call."""
+        head = cls._NAMED_CALL.match(piece)
+        if head is None:
+            return None
+        try:
+            arguments, end = json.JSONDecoder().raw_decode(piece, head.end())
+        except ValueError:
+            return None
+        if not isinstance(arguments, dict) or piece[end:].strip():
+            return None
+        return head.group(1), json.dumps(arguments, ensure_ascii=False)
 
     def content_end(self, text: str) -> int:
         """Up to the marker; 0 while a marker-less answer may still be a list of calls."""
@@ -154,6 +182,7 @@ class PythonicParser:
     """A whole answer ``[f(a=1), g()]``: calls with literal keyword arguments, parsed, never evaluated."""
 
     name = "pythonic"
+    keeps_special_tokens = False
     TAGS = ("<|python_start|>", "<|python_end|>")
 
     def parse(self, text: str) -> ParsedOutput:
