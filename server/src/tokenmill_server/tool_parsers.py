@@ -166,9 +166,9 @@ class MistralParser:
             arguments, end = json.JSONDecoder().raw_decode(piece, head.end())
         except ValueError:
             return None
-        if not isinstance(arguments, dict) or piece[end:].strip():
+        if piece[end:].strip():
             return None
-        return head.group(1), json.dumps(arguments, ensure_ascii=False)
+        return _call({"name": head.group(1), "arguments": arguments}, "arguments")
 
     def content_end(self, text: str) -> int:
         """Up to the marker; 0 while a marker-less answer may still be a list of calls."""
