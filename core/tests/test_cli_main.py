@@ -19,6 +19,7 @@ API = ".".join(map(str, PLUGIN_API_VERSION))
 class SimulatedGpu(Platform):
     name = "gpu"
     device_type = "cuda"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -32,6 +33,7 @@ class SimulatedGpu(Platform):
 class AbsentNpu(SimulatedGpu):
     name = "npu"
     device_type = "npu"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -41,6 +43,7 @@ class AbsentNpu(SimulatedGpu):
 class BrokenXpu(SimulatedGpu):
     name = "xpu"
     device_type = "xpu"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -61,7 +64,7 @@ def command_plugin(name, func=None, fail=None):
         parser.add_argument("--times", type=int, default=1)
         parser.set_defaults(func=func)
 
-    return SimpleNamespace(register_commands=hookimpl(register_commands))
+    return SimpleNamespace(api_version=(2, 0), register_commands=hookimpl(register_commands))
 
 
 def test_version(capsys):

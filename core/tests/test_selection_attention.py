@@ -16,12 +16,13 @@ from tokenmill.plugin_api import (
 
 def backend(name, **capabilities):
     return type(f"{name.title()}Backend", (AttentionBackend,), {
-        "name": name, "capabilities": AttentionCapabilities(**capabilities)})
+        "name": name, "api_version": (2, 0), "capabilities": AttentionCapabilities(**capabilities)})
 
 
 class SimulatedGpu(Platform):
     name = "gpu"
     device_type = "cuda"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -72,7 +73,7 @@ def test_a_preferred_backend_that_is_not_installed_is_a_rejection():
 
 
 def test_an_unavailable_backend_is_rejected_with_its_availability_reason():
-    missing = type("FlashBackend", (FLASH,), {"availability": classmethod(lambda cls: "flash_attn is not installed")})
+    missing = type("FlashBackend", (FLASH,), {"api_version": (2, 0), "availability": classmethod(lambda cls: "flash_attn is not installed")})
     choice = select_attention_backend(registry(missing, PAGED), SimulatedGpu(), spec())
     assert choice.name == "paged"
     assert choice.rejections[0].reasons == ("unavailable: flash_attn is not installed",)
@@ -110,7 +111,7 @@ def test_a_validate_that_raises_is_a_rejection_not_a_crash():
     def validate(cls, spec, device_type, families=()):
         raise KeyError("compute capability")
 
-    broken = type("FlashBackend", (FLASH,), {"validate": classmethod(validate)})
+    broken = type("FlashBackend", (FLASH,), {"api_version": (2, 0), "validate": classmethod(validate)})
     choice = select_attention_backend(registry(broken, PAGED), SimulatedGpu(), spec())
     assert choice.name == "paged"
     assert choice.rejections[0].reasons == ("validate() raised KeyError: 'compute capability'",)

@@ -26,6 +26,7 @@ CONFIG = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidde
 class SimulatedGpu(Platform):
     name = "gpu"
     device_type = "cuda"
+    api_version = (2, 0)
     activated = []
 
     @classmethod
@@ -48,11 +49,13 @@ class SimulatedGpu(Platform):
 
 class WindowlessBackend(AttentionBackend):
     name = "windowless"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(device_types=("cuda",), sliding_window=False)
 
 
 class ReferenceBackend(AttentionBackend):
     name = "reference"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(device_types=("cpu", "cuda"))
 
 
@@ -70,6 +73,7 @@ class TorchKernel(QuantKernel):
 
 class PackedFormat(Quantizer):
     name = "packed"
+    api_version = (2, 0)
 
     @classmethod
     def detect(cls, hf_config, model_path):
@@ -87,6 +91,7 @@ class PackedFormat(Quantizer):
 
 class Unquantized(Quantizer):
     name = "unquantized"
+    api_version = (2, 0)
 
     def kernels(self):
         return (TorchKernel,)
