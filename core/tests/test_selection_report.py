@@ -158,8 +158,12 @@ def test_gguf_style_file_config_comes_from_the_quantizer(tmp_path):
 def test_a_gguf_file_nobody_recognises_is_a_clear_error(tmp_path):
     checkpoint = tmp_path / "other.gguf"
     checkpoint.write_bytes(b"GGUF")
-    with pytest.raises(SelectionError, match="cannot read a model config from .*other.gguf"):
+    with pytest.raises(SelectionError, match=r"quantized as gguf \(other.gguf has the GGUF header\) and no loaded "
+                                             r"quantizer claims it.*: install tokenmill-quant-gguf"):
         ModelDescription.load(registry(), str(checkpoint))
+    (tmp_path / "plain.gguf").write_bytes(b"NOPE")
+    with pytest.raises(SelectionError, match="cannot read a model config from .*plain.gguf"):
+        ModelDescription.load(registry(), str(tmp_path / "plain.gguf"))
 
 
 def test_errors_for_bad_model_paths_and_dtypes(tmp_path, model_dir):
