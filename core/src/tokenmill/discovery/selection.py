@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from tokenmill.discovery.attention_choice import select_attention_backend
 from tokenmill.discovery.kernel_choice import select_kernel
 from tokenmill.discovery.model_description import ModelDescription
-from tokenmill.discovery.platform_choice import BROKEN, select_platform
+from tokenmill.discovery.platform_choice import select_platform
 from tokenmill.discovery.quantizer_choice import select_quantizer
+from tokenmill.discovery.record import BROKEN
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.report import SelectionReport
 from tokenmill.discovery.selection_error import SelectionError
@@ -29,6 +30,7 @@ class SelectionRequest:
 
     device: str | None = None
     allow_cpu_fallback: bool = False
+    allow_attention_fallback: bool = False
     attention_backend: str | None = None
     quantization: str | None = None
     dtype: str = AUTO
@@ -69,9 +71,11 @@ def select(registry: PluginRegistry, request: SelectionRequest, model: ModelDesc
     report.dtype, report.dtype_reason = resolve_dtype(request.dtype, model.checkpoint_dtype, platform.capabilities)
     specs = model.attention_specs(report.dtype, request.kv_cache_dtype, request.block_size)
     for layer_type, spec in specs.items():
-        choice = select_attention_backend(registry, platform, spec, request.attention_backend)
+        choice = select_attention_backend(registry, platform, spec, request.attention_backend,
+                                          request.allow_attention_fallback)
         report.attention[layer_type] = choice
         report.notes += choice.notes
+        report.warnings += [w for w in choice.warnings if w not in report.warnings]
 
     quantizer_choice = select_quantizer(registry, model.hf_config, model.model_path, request.quantization)
     report.quantizer = quantizer_choice

@@ -108,6 +108,7 @@ def _kv_cache_memory(args: EngineArgs, platform: Any, model_path: str, report: l
 
 def _selection_request(args: EngineArgs) -> SelectionRequest:
     return SelectionRequest(device=args.device, allow_cpu_fallback=args.allow_cpu_fallback,
+                            allow_attention_fallback=args.allow_attention_fallback,
                             attention_backend=args.attention_backend, quantization=args.quantization,
                             dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size)
 
