@@ -95,17 +95,19 @@ def test_plugins_lists_every_kind_and_marks_the_choice(capsys):
     assert "* would be chosen: platform gpu, device 0 (score 100)" in out
 
 
-def test_plugins_shows_why_nothing_would_be_chosen(capsys):
-    assert main(["plugins"], registry=registry(SimulatedGpu, BrokenXpu)) == 0
-    out = capsys.readouterr().out
+def test_plugins_shows_why_nothing_would_be_chosen_and_exits_1_for_a_broken_plugin(capsys):
+    assert main(["plugins"], registry=registry(SimulatedGpu, BrokenXpu)) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "error: 1 plugin cannot be used: platform 'xpu' (failed)\n"
+    out = captured.out
     assert "failed" in out and "probe() raised RuntimeError: level-zero loader crashed" in out
     assert "no platform would be chosen: platform plugin 'xpu'" in out and "--verbose" in out
     assert "Traceback" not in out
 
-    assert main(["plugins", "list", "--verbose"], registry=registry(SimulatedGpu, BrokenXpu)) == 0
+    assert main(["plugins", "list", "--verbose"], registry=registry(SimulatedGpu, BrokenXpu)) == 1
     assert "Traceback (most recent call last)" in capsys.readouterr().out
 
-    assert main(["plugins", "--allow-cpu-fallback"], registry=registry(SimulatedGpu, BrokenXpu)) == 0
+    assert main(["plugins", "--allow-cpu-fallback"], registry=registry(SimulatedGpu, BrokenXpu)) == 1
     assert "* would be chosen: platform gpu" in capsys.readouterr().out
 
 

@@ -4,6 +4,7 @@ built for a newer minor or another major, each with one line that ``tokenmill pl
 
 from importlib.metadata import EntryPoint
 
+from tokenmill.cli.main import main
 from tokenmill.cli.plugins_command import plugin_listing
 from tokenmill.discovery import PluginRegistry, PluginStatus
 from tokenmill.plugin_api import PLUGIN_API_VERSION, AttentionBackend, Platform, PlatformCapabilities, ProbeResult
@@ -92,8 +93,10 @@ def test_hook_modules_declare_a_module_level_api_version(tmp_path, monkeypatch):
                                                f"at module level")
 
 
-def test_tokenmill_plugins_shows_the_refusal():
+def test_tokenmill_plugins_shows_the_refusal_and_exits_1(capsys):
     registry = PluginRegistry.make_test_instance(platforms=[UndeclaredPlatform])
     listing = plugin_listing(registry, verbose=True)
     row = next(line for line in listing.splitlines() if " undeclared " in line)
     assert "failed" in row and "declares no api_version: set api_version" in row
+    assert main(["plugins"], registry=registry) == 1
+    assert capsys.readouterr().err == "error: 1 plugin cannot be used: platform 'undeclared' (failed)\n"
