@@ -34,18 +34,22 @@ class SelectionRequest:
     attention_backend: str | None = None
     quantization: str | None = None
     dtype: str = AUTO
+    dtype_source: str | None = None  # who set ``dtype`` when not the user: "platform cpu", "plugin NAME"
     kv_cache_dtype: str = AUTO
     block_size: int = 16
 
 
-def resolve_dtype(requested: str, checkpoint_dtype: str | None, caps: PlatformCapabilities) -> tuple[str, str]:
-    """(compute dtype, why): an explicit request wins; "auto" keeps the checkpoint's dtype when the
+def resolve_dtype(requested: str, checkpoint_dtype: str | None, caps: PlatformCapabilities,
+                  source: str | None = None) -> tuple[str, str]:
+    """(compute dtype, why): a set dtype wins (the user's ``--dtype``, or the default of ``source``, a
+    platform or plugin, for a user who left it "auto"); "auto" keeps the checkpoint's dtype when the
     platform computes it, else takes the platform's first (default) dtype."""
     if requested and requested != AUTO:
         name = requested.removeprefix("torch.")
+        given = f"dtype {requested} (default from {source})" if source else f"--dtype {requested}"
         if name not in caps.dtypes:
-            raise SelectionError(f"--dtype {requested}: the platform computes {', '.join(caps.dtypes)}")
-        return name, "requested with --dtype"
+            raise SelectionError(f"{given}: the platform computes {', '.join(caps.dtypes)}")
+        return name, f"default from {source}" if source else "requested with --dtype"
     if checkpoint_dtype in caps.dtypes:
         return checkpoint_dtype, "the checkpoint's dtype"
     if checkpoint_dtype:
@@ -68,7 +72,8 @@ def select(registry: PluginRegistry, request: SelectionRequest, model: ModelDesc
     report.platform_instance = platform
     report.notes += model.notes
 
-    report.dtype, report.dtype_reason = resolve_dtype(request.dtype, model.checkpoint_dtype, platform.capabilities)
+    report.dtype, report.dtype_reason = resolve_dtype(request.dtype, model.checkpoint_dtype, platform.capabilities,
+                                                      request.dtype_source)
     specs = model.attention_specs(report.dtype, request.kv_cache_dtype, request.block_size)
     for layer_type, spec in specs.items():
         choice = select_attention_backend(registry, platform, spec, request.attention_backend,
