@@ -113,6 +113,13 @@ def test_a_loaded_quantizer_that_declines_the_checkpoint_says_so():
         "quantizer 'fp8' (in-memory-test) does not recognise this checkpoint (its detect() gave 0)")
 
 
+def test_forcing_unquantized_on_a_quantized_checkpoint_is_noted():
+    choice = select_quantizer(PluginRegistry.make_test_instance(), quantized("int8"), "/m", override="unquantized")
+    assert choice.name == "unquantized" and choice.notes == [
+        "--quantization unquantized: the checkpoint is quantized as int8 (config.json's quantization_config."
+        "quant_method); its stored weights are read as they are"]
+
+
 def test_a_plain_checkpoint_still_runs_unquantized():
     choice = select_quantizer(PluginRegistry.make_test_instance(quantizers=[quantizer("int8", 0.0)]),
                               {"model_type": "llama"}, "/m")

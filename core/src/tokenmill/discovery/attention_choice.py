@@ -37,7 +37,6 @@ class AttentionChoice:
     backend_cls: type[AttentionBackend]
     rejections: list[Rejection]
     overridden: bool = False
-    notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # fallbacks taken under allow_fallback
 
 
@@ -59,7 +58,7 @@ def backend_objections(registry: PluginRegistry, name: str, spec: AttentionSpec,
     return (None, reasons) if reasons else (backend, ())
 
 
-def broken_records(registry: PluginRegistry, name: str) -> list[PluginRecord]:
+def _broken_records(registry: PluginRegistry, name: str) -> list[PluginRecord]:
     """The records named ``name`` that failed or were refused, when none of that name is usable."""
     records = registry.find("attention_backend", name)
     if any(r.available for r in records):
@@ -86,7 +85,7 @@ def select_attention_backend(registry: PluginRegistry, platform: Platform, spec:
     rejections: list[Rejection] = []
     passed_over: list[str] = []
     for name in preference:
-        broken = broken_records(registry, name)
+        broken = _broken_records(registry, name)
         if broken and not allow_fallback:
             record = broken[0]
             raise SelectionError(

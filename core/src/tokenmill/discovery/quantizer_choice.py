@@ -82,6 +82,10 @@ def select_quantizer(registry: PluginRegistry, hf_config: Mapping[str, Any], mod
         elif confidence == 0:
             notes.append(f"--quantization {record.name}: the checkpoint does not look like this format "
                          f"(detect() confidence 0)")
+        declared = CheckpointFormat.read(hf_config, model_path) if record.name == UNQUANTIZED else None
+        if declared is not None:
+            notes.append(f"--quantization {UNQUANTIZED}: the checkpoint is quantized as {declared.name} "
+                         f"({declared.evidence}); its stored weights are read as they are")
         return QuantizerChoice(record.name, record.obj, confidence, candidates, overridden=True, notes=notes)
 
     declared = CheckpointFormat.read(hf_config, model_path) if best is None or best.name == UNQUANTIZED else None

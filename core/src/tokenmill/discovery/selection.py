@@ -79,7 +79,6 @@ def select(registry: PluginRegistry, request: SelectionRequest, model: ModelDesc
         choice = select_attention_backend(registry, platform, spec, request.attention_backend,
                                           request.allow_attention_fallback)
         report.attention[layer_type] = choice
-        report.notes += choice.notes
         report.warnings += [w for w in choice.warnings if w not in report.warnings]
 
     quantizer_choice = select_quantizer(registry, model.hf_config, model.model_path, request.quantization)
