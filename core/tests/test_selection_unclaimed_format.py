@@ -7,7 +7,7 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from tokenmill.discovery import PluginPolicy, PluginRegistry, SelectionError, select_quantizer
+from tokenmill.discovery import ModelDescription, PluginPolicy, PluginRegistry, SelectionError, select_quantizer
 from tokenmill.discovery.checkpoint_format import CheckpointFormat
 from tokenmill.plugin_api import Quantizer
 
@@ -111,6 +111,18 @@ def test_a_loaded_quantizer_that_declines_the_checkpoint_says_so():
     registry = PluginRegistry.make_test_instance(quantizers=[quantizer("fp8", 0.0)])
     assert _error(registry, quantized("fp8")).endswith(
         "quantizer 'fp8' (in-memory-test) does not recognise this checkpoint (its detect() gave 0)")
+
+
+def test_a_gguf_file_nobody_reads_is_the_same_error_though_the_float_fallback_answers_every_file(tmp_path):
+    checkpoint = tmp_path / "model.gguf"
+    checkpoint.write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(SelectionError, match=r"quantized as gguf \(model.gguf has the GGUF header\).*: install "
+                                             r"tokenmill-quant-gguf \(pip install tokenmill-quant-gguf\)$"):
+        ModelDescription.load(PluginRegistry.make_test_instance(), str(checkpoint))  # core's unquantized only
+    blocked = PluginRegistry.from_installed(PluginPolicy.parse("-gguf"))
+    with pytest.raises(SelectionError, match=r"quantizer 'gguf' \(tokenmill-quant-gguf [\w.]+\) is not loaded "
+                                             r"\(blocked: denied by TOKENMILL_PLUGINS\); allow it in TOKENMILL_PLUGINS$"):
+        ModelDescription.load(blocked, str(checkpoint))
 
 
 def test_forcing_unquantized_on_a_quantized_checkpoint_is_noted():
