@@ -19,6 +19,7 @@ API = ".".join(map(str, PLUGIN_API_VERSION))
 class SimulatedGpu(Platform):
     name = "gpu"
     device_type = "cuda"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -32,6 +33,7 @@ class SimulatedGpu(Platform):
 class AbsentNpu(SimulatedGpu):
     name = "npu"
     device_type = "npu"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -41,6 +43,7 @@ class AbsentNpu(SimulatedGpu):
 class BrokenXpu(SimulatedGpu):
     name = "xpu"
     device_type = "xpu"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -61,7 +64,7 @@ def command_plugin(name, func=None, fail=None):
         parser.add_argument("--times", type=int, default=1)
         parser.set_defaults(func=func)
 
-    return SimpleNamespace(register_commands=hookimpl(register_commands))
+    return SimpleNamespace(api_version=(2, 0), register_commands=hookimpl(register_commands))
 
 
 def test_version(capsys):
@@ -92,17 +95,19 @@ def test_plugins_lists_every_kind_and_marks_the_choice(capsys):
     assert "* would be chosen: platform gpu, device 0 (score 100)" in out
 
 
-def test_plugins_shows_why_nothing_would_be_chosen(capsys):
-    assert main(["plugins"], registry=registry(SimulatedGpu, BrokenXpu)) == 0
-    out = capsys.readouterr().out
+def test_plugins_shows_why_nothing_would_be_chosen_and_exits_1_for_a_broken_plugin(capsys):
+    assert main(["plugins"], registry=registry(SimulatedGpu, BrokenXpu)) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "error: 1 plugin cannot be used: platform 'xpu' (failed)\n"
+    out = captured.out
     assert "failed" in out and "probe() raised RuntimeError: level-zero loader crashed" in out
     assert "no platform would be chosen: platform plugin 'xpu'" in out and "--verbose" in out
     assert "Traceback" not in out
 
-    assert main(["plugins", "list", "--verbose"], registry=registry(SimulatedGpu, BrokenXpu)) == 0
+    assert main(["plugins", "list", "--verbose"], registry=registry(SimulatedGpu, BrokenXpu)) == 1
     assert "Traceback (most recent call last)" in capsys.readouterr().out
 
-    assert main(["plugins", "--allow-cpu-fallback"], registry=registry(SimulatedGpu, BrokenXpu)) == 0
+    assert main(["plugins", "--allow-cpu-fallback"], registry=registry(SimulatedGpu, BrokenXpu)) == 1
     assert "* would be chosen: platform gpu" in capsys.readouterr().out
 
 

@@ -17,7 +17,7 @@ from tokenmill.plugin_api import hookimpl
 
 
 def plugin(**hooks):
-    return SimpleNamespace(**{name: hookimpl(function) for name, function in hooks.items()})
+    return SimpleNamespace(api_version=(2, 0), **{name: hookimpl(function) for name, function in hooks.items()})
 
 
 def manager_for(plugins, policy=None):
@@ -85,7 +85,7 @@ def test_a_plugin_with_an_unknown_hook_or_bad_signature_fails_at_discovery():
 
 def test_blocked_and_incompatible_plugins_are_not_registered():
     future = plugin(on_engine_stop=lambda: None)
-    future.api_version = (2, 0)
+    future.api_version = (3, 0)
     registry, manager = manager_for({"future": future, "metrics": plugin(on_engine_stop=lambda: None),
                                      "other": plugin(on_engine_stop=lambda: None)}, policy="-metrics")
     status = {r.name: r.status for r in registry.records("plugin")}

@@ -18,6 +18,7 @@ from tokenmill.plugin_api import (
 class GoodPlatform(Platform):
     name = "good"
     device_type = "cpu"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -30,6 +31,7 @@ class GoodPlatform(Platform):
 
 class AbsentPlatform(GoodPlatform):
     name = "absent"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -39,6 +41,7 @@ class AbsentPlatform(GoodPlatform):
 class HalfPlatform(Platform):
     name = "half"
     device_type = "cpu"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -51,6 +54,7 @@ class NamelessBackend(AttentionBackend):
 
 class MissingLibraryBackend(AttentionBackend):
     name = "needs_lib"
+    api_version = (2, 0)
 
     @classmethod
     def availability(cls):
@@ -76,7 +80,7 @@ def test_statuses_of_in_memory_plugins():
     assert status[("attention_backend", "nameless")] == (PluginStatus.FAILED, "NamelessBackend does not set name")
     assert status[("attention_backend", "needs_lib")] == (PluginStatus.UNAVAILABLE, "vendor_kernels is not installed")
     assert status[("quantizer", "bad_version")][0] is PluginStatus.FAILED
-    assert "expected (major, minor) integers" in status[("quantizer", "bad_version")][1]
+    assert "expected a (major, minor) tuple of integers" in status[("quantizer", "bad_version")][1]
 
 
 def test_probe_results_are_kept_on_the_record():
@@ -97,7 +101,7 @@ def test_entry_point_import_failure_keeps_reason_and_traceback(tmp_path, monkeyp
 
 def test_entry_points_load_lazily_per_kind(tmp_path, monkeypatch):
     (tmp_path / "tm_test_lazy_quantizer.py").write_text(
-        "from tokenmill.plugin_api import Quantizer\nclass Lazy(Quantizer):\n    name = 'lazy'\n")
+        "from tokenmill.plugin_api import Quantizer\nclass Lazy(Quantizer):\n    name = 'lazy'\n    api_version = (2, 0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     ep = EntryPoint("lazy", "tm_test_lazy_quantizer:Lazy", "tokenmill.quantizers")
     registry = PluginRegistry.make_test_instance(quantizers=[ep], include_core=False)
@@ -119,12 +123,12 @@ def test_blocked_entry_points_are_never_imported(tmp_path, monkeypatch):
 
 
 def test_two_plugins_with_one_name_are_both_refused_but_core_keeps_its_own():
-    twin = type("GoodTwin", (GoodPlatform,), {})
+    twin = type("GoodTwin", (GoodPlatform,), {"api_version": (2, 0)})
     records = PluginRegistry.make_test_instance(platforms=[GoodPlatform, twin], include_core=False).records("platform")
     assert [r.status for r in records] == [PluginStatus.FAILED, PluginStatus.FAILED]
     assert "platform name 'good' is provided by in-memory-test and in-memory-test" in records[0].reason
 
-    impostor = type("Impostor", (GoodPlatform,), {"name": "reference"})
+    impostor = type("Impostor", (GoodPlatform,), {"name": "reference", "api_version": (2, 0)})
     registry = PluginRegistry.make_test_instance(platforms=[impostor])
     by_core = {r.is_core: r for r in registry.find("platform", "reference")}
     assert by_core[True].available and by_core[False].status is PluginStatus.FAILED

@@ -140,6 +140,7 @@ def test_builtin_calibration_text():
 
 class _Writes(Quantizer):
     name = "writes"
+    api_version = (2, 0)
 
     @staticmethod
     def _write(model_dir: str, out_dir: str, *, bits: int = 4, method: str = "rtn") -> dict:
@@ -153,6 +154,7 @@ class _Writes(Quantizer):
 
 class _ReadsOnly(Quantizer):
     name = "reads-only"
+    api_version = (2, 0)
 
 
 def test_format_registry_finds_writers_and_checks_options(tmp_path):

@@ -1,5 +1,5 @@
 """Attention-backend selection: platform preference order, capability rejections with reasons,
-the --attention-backend override and the fall back to the reference backend."""
+the --attention-backend override and the fall back to the reference backend (only when allowed)."""
 
 import pytest
 
@@ -16,12 +16,13 @@ from tokenmill.plugin_api import (
 
 def backend(name, **capabilities):
     return type(f"{name.title()}Backend", (AttentionBackend,), {
-        "name": name, "capabilities": AttentionCapabilities(**capabilities)})
+        "name": name, "api_version": (2, 0), "capabilities": AttentionCapabilities(**capabilities)})
 
 
 class SimulatedGpu(Platform):
     name = "gpu"
     device_type = "cuda"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -72,17 +73,24 @@ def test_a_preferred_backend_that_is_not_installed_is_a_rejection():
 
 
 def test_an_unavailable_backend_is_rejected_with_its_availability_reason():
-    missing = type("FlashBackend", (FLASH,), {"availability": classmethod(lambda cls: "flash_attn is not installed")})
+    missing = type("FlashBackend", (FLASH,), {"api_version": (2, 0), "availability": classmethod(lambda cls: "flash_attn is not installed")})
     choice = select_attention_backend(registry(missing, PAGED), SimulatedGpu(), spec())
     assert choice.name == "paged"
     assert choice.rejections[0].reasons == ("unavailable: flash_attn is not installed",)
 
 
-def test_falls_back_to_reference_with_a_note():
-    choice = select_attention_backend(registry(FLASH, REFERENCE), SimulatedGpu(), spec(dtype="float32"))
+def test_running_on_an_unpreferred_reference_backend_needs_the_allow_flag():
+    with pytest.raises(SelectionError) as error:
+        select_attention_backend(registry(FLASH, REFERENCE), SimulatedGpu(), spec(dtype="float32"))
+    assert str(error.value).startswith("no attention backend preferred by platform gpu (flash, paged, triton) can "
+                                       "serve this model on gpu (cuda); pass --allow-attention-fallback to run it on "
+                                       "core's reference backend:\n  - flash: dtype float32 not supported")
+    choice = select_attention_backend(registry(FLASH, REFERENCE), SimulatedGpu(), spec(dtype="float32"),
+                                      allow_fallback=True)
     assert choice.name == "reference"
     assert [r.name for r in choice.rejections] == ["flash", "paged", "triton"]
-    assert "falling back to the reference backend" in choice.notes[0]
+    assert choice.warnings == ["no attention backend preferred by platform gpu (flash, paged, triton) can serve this "
+                               "model; running on core's reference backend (--allow-attention-fallback)"]
 
 
 def test_no_backend_at_all_lists_every_rejection():
@@ -110,7 +118,7 @@ def test_a_validate_that_raises_is_a_rejection_not_a_crash():
     def validate(cls, spec, device_type, families=()):
         raise KeyError("compute capability")
 
-    broken = type("FlashBackend", (FLASH,), {"validate": classmethod(validate)})
+    broken = type("FlashBackend", (FLASH,), {"api_version": (2, 0), "validate": classmethod(validate)})
     choice = select_attention_backend(registry(broken, PAGED), SimulatedGpu(), spec())
     assert choice.name == "paged"
     assert choice.rejections[0].reasons == ("validate() raised KeyError: 'compute capability'",)

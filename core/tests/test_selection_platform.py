@@ -10,7 +10,7 @@ from tokenmill.plugin_api import PLUGIN_API_VERSION, DeviceInfo, Platform, Platf
 
 
 def fake_platform(name, device_type, score, *, reasons=None, devices=(), raises=None, priority=0,
-                  api_version=(1, 0)):
+                  api_version=(2, 0)):
     def probe(cls):
         if raises is not None:
             raise raises
@@ -172,13 +172,13 @@ def test_pinning_a_broken_plugin_is_an_error_even_with_fallback():
 
 
 def test_api_major_mismatch_is_refused_with_one_clear_line():
-    future = fake_platform("cuda", "cuda", 100, api_version=(2, 0))
+    future = fake_platform("cuda", "cuda", 100, api_version=(3, 0))
     reg = registry(future, CPU)
     record = reg.find("platform", "cuda")[0]
     assert record.status is PluginStatus.INCOMPATIBLE and record.probe is None  # never probed
     core = ".".join(map(str, PLUGIN_API_VERSION))
-    line = (f"platform plugin 'cuda' (in-memory-test) was built for plugin API 2.0, but this tokenmill provides {core}: "
-            "install a release of in-memory-test built for plugin API 1.x")
+    line = (f"platform plugin 'cuda' (in-memory-test) was built for plugin API 3.0, but this tokenmill provides {core}: "
+            "install a release of in-memory-test built for plugin API 2.x")
     assert record.reasons == (line,)
     with pytest.raises(SelectionError) as error:
         select_platform(reg)

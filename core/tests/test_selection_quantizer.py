@@ -19,7 +19,7 @@ def quantizer(name, confidence, kernels=(), quantized=lambda spec: True):
         return confidence(hf_config) if callable(confidence) else confidence
 
     return type(f"{name.title()}Quantizer", (Quantizer,), {
-        "name": name, "detect": classmethod(detect), "kernels": lambda self: tuple(kernels),
+        "name": name, "api_version": (2, 0), "detect": classmethod(detect), "kernels": lambda self: tuple(kernels),
         "is_quantized": lambda self, spec: quantized(spec)})
 
 
@@ -85,6 +85,7 @@ def test_a_detect_that_raises_is_reported_and_the_others_still_rank():
 class SimulatedGpu(Platform):
     name = "gpu"
     device_type = "cuda"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):

@@ -26,6 +26,7 @@ CONFIG = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidde
 class SimulatedGpu(Platform):
     name = "gpu"
     device_type = "cuda"
+    api_version = (2, 0)
     activated = []
 
     @classmethod
@@ -48,11 +49,13 @@ class SimulatedGpu(Platform):
 
 class WindowlessBackend(AttentionBackend):
     name = "windowless"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(device_types=("cuda",), sliding_window=False)
 
 
 class ReferenceBackend(AttentionBackend):
     name = "reference"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(device_types=("cpu", "cuda"))
 
 
@@ -70,6 +73,7 @@ class TorchKernel(QuantKernel):
 
 class PackedFormat(Quantizer):
     name = "packed"
+    api_version = (2, 0)
 
     @classmethod
     def detect(cls, hf_config, model_path):
@@ -87,6 +91,7 @@ class PackedFormat(Quantizer):
 
 class Unquantized(Quantizer):
     name = "unquantized"
+    api_version = (2, 0)
 
     def kernels(self):
         return (TorchKernel,)
@@ -153,8 +158,12 @@ def test_gguf_style_file_config_comes_from_the_quantizer(tmp_path):
 def test_a_gguf_file_nobody_recognises_is_a_clear_error(tmp_path):
     checkpoint = tmp_path / "other.gguf"
     checkpoint.write_bytes(b"GGUF")
-    with pytest.raises(SelectionError, match="cannot read a model config from .*other.gguf"):
+    with pytest.raises(SelectionError, match=r"quantized as gguf \(other.gguf has the GGUF header\) and no loaded "
+                                             r"quantizer claims it.*: install tokenmill-quant-gguf"):
         ModelDescription.load(registry(), str(checkpoint))
+    (tmp_path / "plain.gguf").write_bytes(b"NOPE")
+    with pytest.raises(SelectionError, match="cannot read a model config from .*plain.gguf"):
+        ModelDescription.load(registry(), str(tmp_path / "plain.gguf"))
 
 
 def test_errors_for_bad_model_paths_and_dtypes(tmp_path, model_dir):

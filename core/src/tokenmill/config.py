@@ -45,6 +45,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     device: str | None = None
     allow_cpu_fallback: bool = False
+    allow_attention_fallback: bool = False  # pass over a broken preferred attention backend (with a warning)
     attention_backend: str | None = None
     quantization: str | None = None
     seed: int = 0

@@ -26,6 +26,7 @@ from tokenmill_testkit import PlatformConformance
 class HostPlatform(Platform):
     name = "host"
     device_type = "cpu"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -37,6 +38,7 @@ class HostPlatform(Platform):
 
 class LeakyPlatform(HostPlatform):
     name = "leaky"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls):
@@ -46,6 +48,7 @@ class LeakyPlatform(HostPlatform):
 
 class BadDtypePlatform(HostPlatform):
     name = "baddtype"
+    api_version = (2, 0)
 
     @property
     def capabilities(self):
@@ -69,6 +72,7 @@ from tokenmill_testkit import AttentionBackendConformance, AttentionCase
 class DenseBackend(AttentionBackend):
     """Default cache layout [2, blocks, block_size, kv_heads, head_size]; one request at a time."""
     name = "dense"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(device_types=("cpu",), dtypes=("float32",))
     forget_context = False
 
@@ -101,6 +105,7 @@ class DenseBackend(AttentionBackend):
 class ForgetfulBackend(DenseBackend):
     """Attends only to the tokens of the current step: wrong as soon as a request has context."""
     name = "forgetful"
+    api_version = (2, 0)
     forget_context = True
 
 class Small:
@@ -136,6 +141,7 @@ class NoBiasKernel(QuantKernel):
 
 class Int8(Quantizer):
     name = "tinyint8"
+    api_version = (2, 0)
 
     @classmethod
     def detect(cls, hf_config, model_path):

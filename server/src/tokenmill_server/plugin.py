@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenmill.plugin_api import PLUGIN_API_VERSION, hookimpl
+from tokenmill.plugin_api import hookimpl
 
-api_version = PLUGIN_API_VERSION
+api_version = (2, 0)  # the plugin API this module is built against; discovery refuses a hook module without one
 
 
 @hookimpl

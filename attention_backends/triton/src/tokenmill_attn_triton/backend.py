@@ -27,6 +27,7 @@ class TritonAttentionBackend(AttentionBackend):
     layer runs a plan, so a plan must run once eagerly before it is captured."""
 
     name = "triton"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(
         device_types=("cuda", "xpu"),
         dtypes=("float32", "float16", "bfloat16"),

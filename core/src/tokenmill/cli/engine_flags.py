@@ -14,6 +14,8 @@ _HELP = {
     "kv_cache_memory": "KV-cache size, e.g. 4GiB (default: chosen by the platform)",
     "device": "pin a platform/device, e.g. cpu, cuda, cuda:1 (also TOKENMILL_DEVICE)",
     "allow_cpu_fallback": "run on the CPU when an installed accelerator plugin is broken",
+    "allow_attention_fallback": "use the platform's next attention backend (or core's reference one) when a "
+                                "preferred backend is broken or none serves the model; reported at startup",
     "generation_config": "'auto' applies the model's generation_config.json sampling defaults, 'none' ignores it",
     "speculative_config": "speculative decoding as a JSON object, e.g. '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}' or '{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, "

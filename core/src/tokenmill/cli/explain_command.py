@@ -23,12 +23,15 @@ def add_parser(actions: Any) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens (default: 16)")
     parser.add_argument("--allow-cpu-fallback", action="store_true",
                         help="continue past broken accelerator plugins (reported as warnings)")
+    parser.add_argument("--allow-attention-fallback", action="store_true",
+                        help="pass over broken preferred attention backends (reported as warnings)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the selection report; a SelectionError is reported by the CLI's main."""
     request = SelectionRequest(device=args.device, allow_cpu_fallback=args.allow_cpu_fallback,
+                               allow_attention_fallback=args.allow_attention_fallback,
                                attention_backend=args.attention_backend, quantization=args.quantization,
                                dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size)
     model = ModelDescription.load(args.registry, args.model)

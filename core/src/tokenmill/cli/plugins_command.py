@@ -1,14 +1,17 @@
 """``tokenmill plugins``: every installed plugin with its status, and the platform that would be
-chosen; ``tokenmill plugins explain`` (see explain_command) dry-runs the whole selection."""
+chosen; ``tokenmill plugins explain`` (see explain_command) dry-runs the whole selection. The listing
+exits 1 when any plugin failed or was refused for its API version (the table is printed first)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from tokenmill.cli import explain_command
 from tokenmill.cli.table import render_table, shorten
 from tokenmill.discovery import PluginRecord, PluginRegistry, SelectionError, select_platform
+from tokenmill.discovery.record import BROKEN
 from tokenmill.plugin_api import hookimpl
 
 HEADERS = ("KIND", "NAME", "DISTRIBUTION", "VERSION", "API", "STATUS", "REASON")
@@ -67,6 +70,11 @@ def plugin_listing(registry: PluginRegistry, device: str | None = None, allow_cp
 
 
 def run_list(args: argparse.Namespace) -> int:
-    """Print the plugin table."""
+    """Print the plugin table; 1 when a plugin is broken (failed, or refused for its API version)."""
     print(plugin_listing(args.registry, args.device, args.allow_cpu_fallback, args.verbose))
+    broken = [r for r in args.registry.all_records() if r.status in BROKEN]
+    if broken:
+        listed = ", ".join(f"{r.kind.replace('_', ' ')} '{r.name}' ({r.status.value})" for r in broken)
+        print(f"error: {len(broken)} plugin{'s' if len(broken) > 1 else ''} cannot be used: {listed}", file=sys.stderr)
+        return 1
     return 0

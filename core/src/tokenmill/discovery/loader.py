@@ -1,5 +1,5 @@
 """Loading one plugin kind: stevedore imports the entry points, then each object is checked
-(type, API version, required attributes) and asked whether it can run here (platform probe,
+(type, required attributes, the API version it declares itself) and asked whether it can run here (platform probe,
 attention-backend availability, pluggy hook validation). Nothing raises out of here: every outcome
 becomes a ``PluginRecord`` status with reasons."""
 
@@ -24,9 +24,12 @@ from tokenmill.plugin_api import (
     Platform,
     ProbeResult,
     Quantizer,
+    api_version_problem,
+    declared_api_version,
     hookspecs,
     is_compatible,
 )
+from tokenmill.plugin_api.version import is_well_formed
 
 BASE_CLASSES: dict[str, type] = {"platform": Platform, "attention_backend": AttentionBackend, "quantizer": Quantizer}
 REQUIRED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
@@ -121,15 +124,14 @@ def _check(record: PluginRecord) -> None:
         return
     if record.kind != "plugin":
         record.name = record.obj.name
-    version = getattr(record.obj, "api_version", None)
-    if version is not None:
-        if not (isinstance(version, tuple) and len(version) == 2 and all(isinstance(v, int) for v in version)):
-            record.mark(PluginStatus.FAILED, f"declares api_version {version!r}; expected (major, minor) integers")
-            return
-        record.api_version = version
-        if not is_compatible(version):
-            record.mark(PluginStatus.INCOMPATIBLE, api_mismatch_line(record, version))
-            return
+    version, problem = declared_api_version(record.obj), api_version_problem(record.obj)
+    if problem and not is_well_formed(version):  # undeclared (inherited values do not count) or malformed
+        record.mark(PluginStatus.FAILED, problem)
+        return
+    record.api_version = version
+    if not is_compatible(version):
+        record.mark(PluginStatus.INCOMPATIBLE, api_mismatch_line(record, version))
+        return
     try:
         _probe(record)
     except Exception as error:  # a broken plugin must surface, never silently vanish

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.discovery.checkpoint_format import CheckpointFormat
+from tokenmill.discovery.quantizer_choice import UNQUANTIZED, unclaimed_format_error
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.selection_error import SelectionError
 from tokenmill.plugin_api import AttentionSpec, LinearSpec
@@ -170,5 +172,8 @@ def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescripti
         if config:
             return ModelDescription(path, dict(config), f"{record.name} metadata", notes)
         notes.append(f"quantizer '{record.name}' recognises {os.path.basename(path)} but supplies no config")
+    declared = CheckpointFormat.read({}, path)
+    if declared is not None and all(record.name == UNQUANTIZED for _, record in ranked):  # only the float fallback
+        raise unclaimed_format_error(registry, declared)
     listed = "\n  ".join(notes) or "no installed quantization format recognises the file"
     raise SelectionError(f"cannot read a model config from {path}:\n  {listed}")

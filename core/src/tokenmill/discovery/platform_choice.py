@@ -23,13 +23,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tokenmill.discovery.record import PluginRecord, PluginStatus
+from tokenmill.discovery.record import BROKEN, PluginRecord, PluginStatus
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.selection_error import SelectionError
 from tokenmill.plugin_api import Platform
 
 DEVICE_ENV_VAR = "TOKENMILL_DEVICE"
-BROKEN = (PluginStatus.FAILED, PluginStatus.INCOMPATIBLE)
 
 
 @dataclass

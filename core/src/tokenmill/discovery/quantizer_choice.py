@@ -1,17 +1,21 @@
 """Choosing the quantization format of a checkpoint.
 
 Every usable quantizer's ``detect(hf_config, model_path)`` gives a confidence; the highest above 0
-wins, a tie at the top is an error, and when nothing recognises the checkpoint core's
-``unquantized`` format is used with a note. ``--quantization NAME`` overrides detection (an error
+wins and a tie at the top is an error. When nothing recognises the checkpoint, a checkpoint whose
+files name a quantization format (``CheckpointFormat``) is an error naming that format, the
+distribution to install and why its quantizer is not loaded; only a checkpoint that names none gets
+core's ``unquantized`` format, with a note. ``--quantization NAME`` overrides detection (an error
 if that format is not installed). Every candidate's confidence is kept for the report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.discovery.checkpoint_format import CheckpointFormat
+from tokenmill.discovery.record import PluginStatus
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.selection_error import SelectionError
 from tokenmill.plugin_api import Quantizer
@@ -78,8 +82,15 @@ def select_quantizer(registry: PluginRegistry, hf_config: Mapping[str, Any], mod
         elif confidence == 0:
             notes.append(f"--quantization {record.name}: the checkpoint does not look like this format "
                          f"(detect() confidence 0)")
+        declared = CheckpointFormat.read(hf_config, model_path) if record.name == UNQUANTIZED else None
+        if declared is not None:
+            notes.append(f"--quantization {UNQUANTIZED}: the checkpoint is quantized as {declared.name} "
+                         f"({declared.evidence}); its stored weights are read as they are")
         return QuantizerChoice(record.name, record.obj, confidence, candidates, overridden=True, notes=notes)
 
+    declared = CheckpointFormat.read(hf_config, model_path) if best is None or best.name == UNQUANTIZED else None
+    if declared is not None:
+        raise unclaimed_format_error(registry, declared, candidates)
     if best is not None:
         tied = [c for c in candidates if c.confidence == best.confidence]
         if len(tied) > 1:
@@ -95,3 +106,33 @@ def select_quantizer(registry: PluginRegistry, hf_config: Mapping[str, Any], mod
                              "is not available: " + ", ".join(f"{c.name} ({c.confidence:.2f})" for c in candidates))
     notes.append("no quantization format recognised the checkpoint; treating it as unquantized")
     return QuantizerChoice(UNQUANTIZED, fallback[0].obj, 0.0, candidates, notes=notes)
+
+
+def unclaimed_format_error(registry: PluginRegistry, declared: CheckpointFormat,
+                           candidates: Sequence[QuantCandidate] = ()) -> SelectionError:
+    """The one line for a checkpoint in a format no loaded quantizer claims: the format, where the
+    checkpoint says so, and what to do, with the reason its quantizer is not loaded when discovery
+    knows it (blocked, refused for its API version, failed to import)."""
+    head = (f"the checkpoint is quantized as {declared.name} ({declared.evidence}) and no loaded quantizer claims it, "
+            f"so it cannot be loaded (read as unquantized its output would be garbage): ")
+    return SelectionError(head + _why_unclaimed(registry, declared, {c.name: c for c in candidates}))
+
+
+def _why_unclaimed(registry: PluginRegistry, declared: CheckpointFormat, by_name: dict[str, QuantCandidate]) -> str:
+    distribution = declared.distribution
+    records = [r for r in registry.records("quantizer") if not r.is_core and (
+        (distribution is not None and r.distribution == distribution)
+        or declared.family in (r.name, r.entry_name) or declared.name in (r.name, r.entry_name))]
+    not_loaded = [r for r in records if r.status is not PluginStatus.AVAILABLE]
+    if not_loaded:  # blocked first: the one a user most likely did on purpose and can undo
+        record = min(not_loaded, key=lambda r: r.status is not PluginStatus.BLOCKED)
+        fix = "; allow it in TOKENMILL_PLUGINS" if record.status is PluginStatus.BLOCKED else ""
+        return f"quantizer '{record.name}' ({record.source}) is not loaded ({record.status.value}: {record.reason}){fix}"
+    if records:
+        record = records[0]
+        candidate = by_name.get(record.name)
+        said = candidate.error if candidate is not None and candidate.error else "its detect() gave 0"
+        return f"quantizer '{record.name}' ({record.source}) does not recognise this checkpoint ({said})"
+    if distribution is not None:
+        return f"install {distribution} (pip install {distribution})"
+    return f"tokenmill ships no quantizer for {declared.name}; install a plugin that provides it"

@@ -24,6 +24,10 @@ class PluginStatus(str, enum.Enum):  # noqa: UP042 (StrEnum needs Python 3.11; c
     BLOCKED = "blocked"  # excluded by TOKENMILL_PLUGINS; never imported
 
 
+BROKEN = (PluginStatus.FAILED, PluginStatus.INCOMPATIBLE)
+"""Statuses of a plugin that is installed but cannot be used through its own fault: never skipped silently."""
+
+
 @dataclass
 class PluginRecord:
     """One entry point (or in-memory test object) and its fate.

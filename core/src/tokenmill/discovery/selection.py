@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from tokenmill.discovery.attention_choice import select_attention_backend
 from tokenmill.discovery.kernel_choice import select_kernel
 from tokenmill.discovery.model_description import ModelDescription
-from tokenmill.discovery.platform_choice import BROKEN, select_platform
+from tokenmill.discovery.platform_choice import select_platform
 from tokenmill.discovery.quantizer_choice import select_quantizer
+from tokenmill.discovery.record import BROKEN
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.report import SelectionReport
 from tokenmill.discovery.selection_error import SelectionError
@@ -29,21 +30,26 @@ class SelectionRequest:
 
     device: str | None = None
     allow_cpu_fallback: bool = False
+    allow_attention_fallback: bool = False
     attention_backend: str | None = None
     quantization: str | None = None
     dtype: str = AUTO
+    dtype_source: str | None = None  # who set ``dtype`` when not the user: "platform cpu", "plugin NAME"
     kv_cache_dtype: str = AUTO
     block_size: int = 16
 
 
-def resolve_dtype(requested: str, checkpoint_dtype: str | None, caps: PlatformCapabilities) -> tuple[str, str]:
-    """(compute dtype, why): an explicit request wins; "auto" keeps the checkpoint's dtype when the
+def resolve_dtype(requested: str, checkpoint_dtype: str | None, caps: PlatformCapabilities,
+                  source: str | None = None) -> tuple[str, str]:
+    """(compute dtype, why): a set dtype wins (the user's ``--dtype``, or the default of ``source``, a
+    platform or plugin, for a user who left it "auto"); "auto" keeps the checkpoint's dtype when the
     platform computes it, else takes the platform's first (default) dtype."""
     if requested and requested != AUTO:
         name = requested.removeprefix("torch.")
+        given = f"dtype {requested} (default from {source})" if source else f"--dtype {requested}"
         if name not in caps.dtypes:
-            raise SelectionError(f"--dtype {requested}: the platform computes {', '.join(caps.dtypes)}")
-        return name, "requested with --dtype"
+            raise SelectionError(f"{given}: the platform computes {', '.join(caps.dtypes)}")
+        return name, f"default from {source}" if source else "requested with --dtype"
     if checkpoint_dtype in caps.dtypes:
         return checkpoint_dtype, "the checkpoint's dtype"
     if checkpoint_dtype:
@@ -66,12 +72,14 @@ def select(registry: PluginRegistry, request: SelectionRequest, model: ModelDesc
     report.platform_instance = platform
     report.notes += model.notes
 
-    report.dtype, report.dtype_reason = resolve_dtype(request.dtype, model.checkpoint_dtype, platform.capabilities)
+    report.dtype, report.dtype_reason = resolve_dtype(request.dtype, model.checkpoint_dtype, platform.capabilities,
+                                                      request.dtype_source)
     specs = model.attention_specs(report.dtype, request.kv_cache_dtype, request.block_size)
     for layer_type, spec in specs.items():
-        choice = select_attention_backend(registry, platform, spec, request.attention_backend)
+        choice = select_attention_backend(registry, platform, spec, request.attention_backend,
+                                          request.allow_attention_fallback)
         report.attention[layer_type] = choice
-        report.notes += choice.notes
+        report.warnings += [w for w in choice.warnings if w not in report.warnings]
 
     quantizer_choice = select_quantizer(registry, model.hf_config, model.model_path, request.quantization)
     report.quantizer = quantizer_choice

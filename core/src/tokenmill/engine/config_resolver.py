@@ -35,8 +35,10 @@ _GENERATION_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
-def _apply_defaults(args: EngineArgs, source: str, overrides: dict[str, Any], report: list[str]) -> EngineArgs:
-    """Take ``overrides`` for fields still at their defaults; unknown fields are reported."""
+def _apply_defaults(args: EngineArgs, source: str, overrides: dict[str, Any], report: list[str],
+                    sources: dict[str, str]) -> EngineArgs:
+    """Take ``overrides`` for fields still at their defaults; unknown fields are reported, and each
+    field taken is recorded in ``sources`` with ``source`` (so the report can say who chose it)."""
     defaults = EngineArgs()
     changes = {}
     for name, value in (overrides or {}).items():
@@ -44,6 +46,7 @@ def _apply_defaults(args: EngineArgs, source: str, overrides: dict[str, Any], re
             report.append(f"note: {source} suggested unknown setting {name}={value!r} (ignored)")
         elif getattr(args, name) == getattr(defaults, name) and value is not None:
             changes[name] = value
+            sources[name] = source
             report.append(f"{name} = {value!r} (default from {source})")
     return replace(args, **changes) if changes else args
 
@@ -106,10 +109,12 @@ def _kv_cache_memory(args: EngineArgs, platform: Any, model_path: str, report: l
     return budget
 
 
-def _selection_request(args: EngineArgs) -> SelectionRequest:
+def _selection_request(args: EngineArgs, sources: dict[str, str]) -> SelectionRequest:
     return SelectionRequest(device=args.device, allow_cpu_fallback=args.allow_cpu_fallback,
+                            allow_attention_fallback=args.allow_attention_fallback,
                             attention_backend=args.attention_backend, quantization=args.quantization,
-                            dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size)
+                            dtype=args.dtype, dtype_source=sources.get("dtype"), kv_cache_dtype=args.kv_cache_dtype,
+                            block_size=args.block_size)
 
 
 def resolve_config(args: EngineArgs) -> EngineConfig:
@@ -119,14 +124,15 @@ def resolve_config(args: EngineArgs) -> EngineConfig:
     from tokenmill.loader.model_loader import as_hf_config
 
     report: list[str] = []
+    sources: dict[str, str] = {}  # field -> the platform or plugin whose default set it
     registry = discover()
     description = ModelDescription.load(registry, args.model)
     # the platform's defaults (e.g. the dtype its ISA computes fast) apply before the full selection
-    platform = select(registry, _selection_request(args)).platform.instantiate()
-    args = _apply_defaults(args, f"platform {platform.name}", platform.config_defaults(asdict(args)), report)
+    platform = select(registry, _selection_request(args, sources)).platform.instantiate()
+    args = _apply_defaults(args, f"platform {platform.name}", platform.config_defaults(asdict(args)), report, sources)
     for name, contribution in collect_config_overrides(build_plugin_manager(registry), asdict(args)).items():
-        args = _apply_defaults(args, f"plugin {contribution.plugin}", {name: contribution.value}, report)
-    selection = select(registry, _selection_request(args), description)
+        args = _apply_defaults(args, f"plugin {contribution.plugin}", {name: contribution.value}, report, sources)
+    selection = select(registry, _selection_request(args, sources), description)
     platform = selection.platform_instance
     dtype = selection.dtype
     report.insert(0, selection.render())

@@ -35,6 +35,7 @@ import msgspec
 import numpy as np
 import zmq
 
+from tokenmill.discovery.selection_error import SelectionError
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger("tokenmill")
@@ -303,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         EngineCoreProc(core, config, requests, outputs).run()
         return 0
     except Exception as error:  # reported to the front end, which turns it into 503s and an exit
-        logger.exception("engine core failed")
+        if not isinstance(error, SelectionError):  # a user's setup problem: the front end says it in one line
+            logger.exception("engine core failed")
         outputs.send_multipart([DEAD, encoder.encode(EngineCoreFailure(f"{type(error).__name__}: {error}"))])
         return 1
     finally:

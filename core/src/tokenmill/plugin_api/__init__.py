@@ -22,7 +22,7 @@ from tokenmill.plugin_api.platform import (
     ProbeResult,
 )
 from tokenmill.plugin_api.quantization import LinearSpec, Quantizer, QuantKernel
-from tokenmill.plugin_api.version import PLUGIN_API_VERSION, is_compatible
+from tokenmill.plugin_api.version import PLUGIN_API_VERSION, api_version_problem, declared_api_version, is_compatible
 
 ENTRY_POINT_GROUPS = {
     "platform": "tokenmill.platforms",
@@ -49,6 +49,8 @@ __all__ = [
     "ProbeResult",
     "QuantKernel",
     "Quantizer",
+    "api_version_problem",
+    "declared_api_version",
     "hookimpl",
     "hookspec",
     "is_compatible",

@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tokenmill.plugin_api.version import PLUGIN_API_VERSION
-
 
 @dataclass(frozen=True)
 class AttentionSpec:
@@ -101,8 +99,9 @@ class AttentionBackend:
     name: ClassVar[str]
     """Unique short name; what ``--attention-backend`` and platform preferences refer to."""
 
-    api_version: ClassVar[tuple[int, int]] = PLUGIN_API_VERSION
-    """The plugin API version the plugin was built against; checked at discovery."""
+    api_version: ClassVar[tuple[int, int]]
+    """The plugin API version the plugin was built against, e.g. ``(2, 0)``. Required, in the body of
+    the class the entry point names (an inherited value does not count); checked at discovery."""
 
     capabilities: ClassVar[AttentionCapabilities] = AttentionCapabilities()
     """Declared support, read without running any kernel (for selection and explanations)."""

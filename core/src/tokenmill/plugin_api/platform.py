@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tokenmill.plugin_api.layer_kernels import LayerKernels
-from tokenmill.plugin_api.version import PLUGIN_API_VERSION
 
 
 class Fp8Format(enum.StrEnum):
@@ -103,8 +102,9 @@ class Platform(ABC):
     device_type: ClassVar[str]
     """The torch device type tensors live on ("cuda", "cpu", "xpu", "mps"). Required."""
 
-    api_version: ClassVar[tuple[int, int]] = PLUGIN_API_VERSION
-    """The plugin API version the plugin was built against; checked at discovery."""
+    api_version: ClassVar[tuple[int, int]]
+    """The plugin API version the plugin was built against, e.g. ``(2, 0)``. Required, in the body of
+    the class the entry point names (an inherited value does not count); checked at discovery."""
 
     priority: ClassVar[int] = 0
     """Breaks ties between equal probe scores only when the user pinned nothing; higher wins."""

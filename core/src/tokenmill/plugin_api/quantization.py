@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tokenmill.plugin_api.platform import PlatformCapabilities
-from tokenmill.plugin_api.version import PLUGIN_API_VERSION
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,9 @@ class Quantizer:
     name: ClassVar[str]
     """The format name users pass to ``--quantization`` ("gptq", "fp8", "gguf"). Required."""
 
-    api_version: ClassVar[tuple[int, int]] = PLUGIN_API_VERSION
-    """The plugin API version the plugin was built against; checked at discovery."""
+    api_version: ClassVar[tuple[int, int]]
+    """The plugin API version the plugin was built against, e.g. ``(2, 0)``. Required, in the body of
+    the class the entry point names (an inherited value does not count); checked at discovery."""
 
     @classmethod
     def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:

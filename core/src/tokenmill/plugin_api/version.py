@@ -1,4 +1,13 @@
-"""The version of the plugin contract, separate from tokenmill's own release version."""
+"""The version of the plugin contract (separate from tokenmill's release version) and its check.
+
+Every plugin states the API version it was built against itself: the class an entry point names
+sets ``api_version = (major, minor)`` in its own body (a value inherited from another class does
+not count: it may be core's own), and a hook module sets a module-level ``api_version``. A plugin
+that declares none is refused at discovery and fails the testkit.
+"""
+
+import inspect
+from typing import Any
 
 # 1.1: optional Quantizer.quantize_checkpoint, Platform.create_graph, AttentionCapabilities.graph_capture
 # 1.2: optional Quantizer.quantizes_tied_lm_head, Platform.layer_kernels (LayerKernels)
@@ -10,10 +19,44 @@
 # 1.6: optional LayerKernels.argmax_rows and LayerKernels.greedy_lm_head (greedy steps' argmax),
 #      QuantKernel.plain_weight
 # 1.7: optional LayerKernels.small_batch_linear_covers (core's oneDNN linear then keeps no reordered copy)
-PLUGIN_API_VERSION: tuple[int, int] = (1, 7)
+# 2.0: api_version is required and has no default (a plugin without one is refused)
+PLUGIN_API_VERSION: tuple[int, int] = (2, 0)
+
+API_VERSION_ATTRIBUTE = "api_version"
+"""The name under which a plugin class or hook module declares its ``(major, minor)``."""
 
 
 def is_compatible(plugin_version: tuple[int, int], core_version: tuple[int, int] = PLUGIN_API_VERSION) -> bool:
     """A plugin built for API ``(major, minor)`` loads when the major numbers agree and the
     plugin does not need a newer minor than core provides."""
     return plugin_version[0] == core_version[0] and plugin_version[1] <= core_version[1]
+
+
+def declared_api_version(plugin: Any) -> Any:
+    """What ``plugin`` itself declares as ``api_version``, or None: for a class only its own body
+    counts (never a base class's value); for a module or any other object, its attribute."""
+    if inspect.isclass(plugin):
+        return vars(plugin).get(API_VERSION_ATTRIBUTE)
+    return getattr(plugin, API_VERSION_ATTRIBUTE, None)
+
+
+def is_well_formed(version: Any) -> bool:
+    """Whether ``version`` is a ``(major, minor)`` tuple of two non-negative integers."""
+    return (isinstance(version, tuple) and len(version) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in version))
+
+
+def api_version_problem(plugin: Any, core_version: tuple[int, int] = PLUGIN_API_VERSION) -> str | None:
+    """None when ``plugin`` declares a well-formed, compatible ``api_version``; otherwise the one line
+    that says why it is refused. Discovery and the testkit apply this same rule."""
+    version = declared_api_version(plugin)
+    core = f"{core_version[0]}.{core_version[1]}"
+    if version is None:
+        where = "in its class body" if inspect.isclass(plugin) else "at module level"
+        return (f"declares no api_version: set api_version = ({core_version[0]}, {core_version[1]}) {where}, "
+                f"the plugin API it is built against (this tokenmill provides {core})")
+    if not is_well_formed(version):
+        return f"declares api_version {version!r}; expected a (major, minor) tuple of integers"
+    if not is_compatible(version, core_version):
+        return f"declares plugin API {version[0]}.{version[1]}, which this tokenmill ({core}) cannot load"
+    return None

@@ -155,6 +155,7 @@ class ReferenceAttentionBackend(AttentionBackend):
     soft-capping, fp32/fp16/bf16 compute and fp8 caches."""
 
     name = "reference"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(
         device_types=("cpu", "cuda", "xpu", "mps"),
         dtypes=("float32", "float16", "bfloat16"),

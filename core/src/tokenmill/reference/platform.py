@@ -38,6 +38,7 @@ class ReferencePlatform(Platform):
 
     name = "reference"
     device_type = "cpu"
+    api_version = (2, 0)
     priority = -1
 
     @classmethod

@@ -31,6 +31,7 @@ class Unquantized(Quantizer):
     """Weights stored in the compute dtype, exactly as the checkpoint holds them."""
 
     name = "unquantized"
+    api_version = (2, 0)
 
     @classmethod
     def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:

@@ -48,6 +48,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
     """Native in-place kernels for float32 and bfloat16 decodes and prefill chunks; plain PyTorch otherwise."""
 
     name = "cpu"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(
         device_types=("cpu",),
         dtypes=("float32", "float16", "bfloat16"),

@@ -33,6 +33,7 @@ class CpuPlatform(Platform):
 
     name = "cpu"
     device_type = "cpu"
+    api_version = (2, 0)
 
     cpuinfo_path = "/proc/cpuinfo"
     meminfo_path = "/proc/meminfo"

@@ -23,6 +23,7 @@ class CudaPlatform(Platform):
 
     name = "cuda"
     device_type = "cuda"
+    api_version = (2, 0)
 
     def __init__(self, device_index: int = 0) -> None:
         super().__init__(device_index)

@@ -25,6 +25,7 @@ class MetalPlatform(Platform):
 
     name = "metal"
     device_type = "mps"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls) -> ProbeResult:

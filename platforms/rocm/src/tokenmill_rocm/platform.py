@@ -27,6 +27,7 @@ class RocmPlatform(Platform):
 
     name = "rocm"
     device_type = "cuda"
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls) -> ProbeResult:

@@ -23,6 +23,7 @@ class XpuPlatform(Platform):
 
     name = "xpu"
     device_type = "xpu"
+    api_version = (2, 0)
 
     def __init__(self, device_index: int = 0) -> None:
         super().__init__(device_index)

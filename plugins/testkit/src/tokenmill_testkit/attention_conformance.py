@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, AttentionSpec, is_compatible
+from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, AttentionSpec, api_version_problem
 from tokenmill_testkit.attention_cases import DEFAULT_CASES, DEFAULT_MIXES, AttentionCase, BatchMix
 from tokenmill_testkit.attention_scenario import AttentionScenario, LayerRun
 from tokenmill_testkit.tolerances import assert_close, tolerance
@@ -86,9 +86,13 @@ class AttentionBackendConformance:
         cls = self.backend_cls
         assert isinstance(cls.name, str) and cls.name, "backend_cls.name must be a non-empty string"
         assert isinstance(cls.capabilities, AttentionCapabilities)
-        assert is_compatible(tuple(cls.api_version)), f"api_version {cls.api_version} is not compatible with core"
         unavailable = cls.availability()
         assert unavailable is None or isinstance(unavailable, str)
+
+    def test_api_version_declared_and_compatible(self) -> None:
+        """The class itself declares the plugin API it is built against, and this core loads it."""
+        problem = api_version_problem(self.backend_cls)
+        assert problem is None, f"{self.backend_cls.__qualname__} {problem}"
 
     def test_validate_reasons_are_strings(self, attention_case: AttentionCase, dtype: str,
                                           target_device: torch.device) -> None:

@@ -27,7 +27,7 @@ from tokenmill.plugin_api import (
     Platform,
     PlatformCapabilities,
     ProbeResult,
-    is_compatible,
+    api_version_problem,
 )
 from tokenmill_testkit.side_effects import ProcessSnapshot
 
@@ -79,10 +79,10 @@ class PlatformConformance:
         assert isinstance(getattr(cls, "device_type", None), str) and cls.device_type, "device_type must be set"
         assert isinstance(cls.priority, int)
 
-    def test_api_version_compatible(self) -> None:
-        version = tuple(self.platform_cls.api_version)
-        assert len(version) == 2 and all(isinstance(n, int) for n in version), version
-        assert is_compatible(version), f"api_version {version} is not compatible with this core"
+    def test_api_version_declared_and_compatible(self) -> None:
+        """The class itself declares the plugin API it is built against, and this core loads it."""
+        problem = api_version_problem(self.platform_cls)
+        assert problem is None, f"{self.platform_cls.__qualname__} {problem}"
 
     def test_probe_returns_probe_result(self) -> None:
         result = self.platform_cls.probe()

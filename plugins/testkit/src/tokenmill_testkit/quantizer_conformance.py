@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel, is_compatible
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel, api_version_problem
 from tokenmill_testkit.tolerances import TOLERANCES
 
 
@@ -90,7 +90,11 @@ class QuantizerConformance:
     def test_declarations(self) -> None:
         cls = self.quantizer_cls
         assert isinstance(cls.name, str) and cls.name, "quantizer_cls.name must be a non-empty string"
-        assert is_compatible(tuple(cls.api_version)), f"api_version {cls.api_version} is not compatible with core"
+
+    def test_api_version_declared_and_compatible(self) -> None:
+        """The class itself declares the plugin API it is built against, and this core loads it."""
+        problem = api_version_problem(self.quantizer_cls)
+        assert problem is None, f"{self.quantizer_cls.__qualname__} {problem}"
 
     def test_detect_is_a_confidence(self) -> None:
         for config in (self.hf_config, {}):

@@ -31,6 +31,7 @@ class AWQQuantizer(Quantizer):
     plain-PyTorch reference kernel elsewhere."""
 
     name = "awq"
+    api_version = (2, 0)
 
     def __init__(self, config: AWQConfig | None = None) -> None:
         self.config = config or AWQConfig()

@@ -37,6 +37,7 @@ class FP8Quantizer(Quantizer):
     weight-only dequantization elsewhere."""
 
     name = "fp8"
+    api_version = (2, 0)
 
     def __init__(self, scheme: FP8Scheme | None = None) -> None:
         self.scheme = scheme or FP8Scheme()

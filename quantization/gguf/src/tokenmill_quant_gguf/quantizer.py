@@ -48,6 +48,7 @@ class GGUFQuantizer(Quantizer):
     """GGUF checkpoints (F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the Q2_K..Q6_K K-quants)."""
 
     name = "gguf"
+    api_version = (2, 0)
 
     def __init__(self, model_path: str | None = None, mode: str = "auto") -> None:
         if mode not in MODES:

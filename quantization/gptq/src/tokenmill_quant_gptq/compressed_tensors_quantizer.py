@@ -39,6 +39,7 @@ class CompressedTensorsPackQuantizer(Quantizer):
     """``quant_method: compressed-tensors`` with ``format: pack-quantized`` (int2..int8 weights)."""
 
     name = "compressed-tensors-pack"
+    api_version = (2, 0)
 
     def __init__(self, scheme: PackQuantizedScheme) -> None:
         self.scheme = scheme

@@ -33,6 +33,7 @@ class GPTQQuantizer(Quantizer):
     plain-PyTorch reference kernel elsewhere."""
 
     name = "gptq"
+    api_version = (2, 0)
 
     def __init__(self, config: GPTQConfig | None = None) -> None:
         self.config = config or GPTQConfig()

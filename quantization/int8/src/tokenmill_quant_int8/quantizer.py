@@ -33,6 +33,7 @@ class INT8Quantizer(Quantizer):
     """int8 weights; W8A8 through ``torch._int_mm`` where the platform has int8 dot products."""
 
     name = "int8"
+    api_version = (2, 0)
 
     def __init__(self, scheme: Int8Scheme | None = None) -> None:
         self.scheme = scheme or Int8Scheme()

@@ -16,6 +16,7 @@ class FakeDeviceAttentionBackend(AttentionBackend):
     """Per-request gather + dense attention in float32, for the fakedev platform."""
 
     name = "fakedev"
+    api_version = (2, 0)
     capabilities = AttentionCapabilities(
         device_types=(),  # no plain device type: only platforms tagged with our family qualify
         families=("fakedev",),

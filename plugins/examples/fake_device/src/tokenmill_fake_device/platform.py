@@ -17,6 +17,7 @@ class FakeDevicePlatform(Platform):
 
     name = "fakedev"
     device_type = "cpu"  # the torch device its tensors live on
+    api_version = (2, 0)
 
     @classmethod
     def probe(cls) -> ProbeResult:

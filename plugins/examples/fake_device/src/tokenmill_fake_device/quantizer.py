@@ -30,6 +30,7 @@ class FakeInt8Quantizer(Quantizer):
     """int8 weights with per-output-channel float32 scales."""
 
     name = QUANT_METHOD
+    api_version = (2, 0)
 
     @classmethod
     def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
