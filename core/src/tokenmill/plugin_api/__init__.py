@@ -3,6 +3,11 @@
 This package imports nothing else from tokenmill, so a plugin that depends only on it stays a true
 peer of the first-party plugins. Changing a signature here bumps ``PLUGIN_API_VERSION``: a new
 optional member bumps the minor number, anything that breaks an existing plugin bumps the major.
+
+Documented submodules, imported by the plugins that need them (each imports no more of tokenmill):
+
+* ``tokenmill.plugin_api.graphs``: ``DecodeGraph`` and ``GraphCaptureDeclined`` (also exported here);
+* ``tokenmill.plugin_api.native``: C kernels built per machine and called so decode graphs can record them.
 """
 
 from tokenmill.plugin_api.attention import (
@@ -11,6 +16,7 @@ from tokenmill.plugin_api.attention import (
     AttentionCapabilities,
     AttentionSpec,
 )
+from tokenmill.plugin_api.graphs import DecodeGraph, GraphCaptureDeclined
 from tokenmill.plugin_api.hookspecs import PROJECT_NAME, hookimpl, hookspec
 from tokenmill.plugin_api.layer_kernels import LayerKernels
 from tokenmill.plugin_api.platform import (
@@ -39,8 +45,10 @@ __all__ = [
     "AttentionBatch",
     "AttentionCapabilities",
     "AttentionSpec",
+    "DecodeGraph",
     "DeviceInfo",
     "Fp8Format",
+    "GraphCaptureDeclined",
     "LayerKernels",
     "LinearSpec",
     "MemoryInfo",

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from tokenmill.layers.native_calls import native_call
 from tokenmill.plugin_api import AttentionBatch, AttentionCapabilities, AttentionSpec
+from tokenmill.plugin_api.native import native_call
 from tokenmill.reference.attention import AttentionGroup, ReferenceAttentionBackend, ReferenceAttentionMetadata
 from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
 from tokenmill_cpu.kernels.native import MAX_GROUP, MAX_HEAD_SIZE, load_library, unavailable_reason
