@@ -19,6 +19,7 @@ from tokenmill.plugin_api.attention import (
 from tokenmill.plugin_api.graphs import DecodeGraph, GraphCaptureDeclined
 from tokenmill.plugin_api.hookspecs import PROJECT_NAME, hookimpl, hookspec
 from tokenmill.plugin_api.layer_kernels import LayerKernels
+from tokenmill.plugin_api.model import BuildContext, EncoderModel, Model, StepContext
 from tokenmill.plugin_api.platform import (
     DeviceInfo,
     Fp8Format,
@@ -45,18 +46,22 @@ __all__ = [
     "AttentionBatch",
     "AttentionCapabilities",
     "AttentionSpec",
+    "BuildContext",
     "DecodeGraph",
     "DeviceInfo",
+    "EncoderModel",
     "Fp8Format",
     "GraphCaptureDeclined",
     "LayerKernels",
     "LinearSpec",
     "MemoryInfo",
+    "Model",
     "Platform",
     "PlatformCapabilities",
     "ProbeResult",
     "QuantKernel",
     "Quantizer",
+    "StepContext",
     "hookimpl",
     "hookspec",
     "is_compatible",
