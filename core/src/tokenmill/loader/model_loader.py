@@ -16,10 +16,10 @@ from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding
-from tokenmill.loader.safetensors_checkpoint import SafetensorsCheckpoint
 from tokenmill.models.registry import resolve_model_class
 from tokenmill.plugin_api import Quantizer
 from tokenmill.plugin_api.model import missing_members
+from tokenmill.plugin_api.safetensors_checkpoint import SafetensorsCheckpoint
 
 
 class MissingWeightsError(ValueError):
