@@ -61,7 +61,7 @@ class QuantizedCheckpoints:
         """Prefill logits of ``tokens`` from tokenmill's model loaded with ``quantizer``."""
         from tokenmill.layers.context import ModelBuildContext
         from tokenmill.loader.model_loader import build_model, load_weights
-        from tokenmill.reference.attention import ReferenceAttentionBackend
+        from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
         from tokenmill.reference.paged_harness import PagedHarness
 
         config = json.loads((directory / "config.json").read_text())

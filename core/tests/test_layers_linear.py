@@ -10,7 +10,7 @@ from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.kernel_selection import NoKernelError, choose_kernel, evaluate_kernels
 from tokenmill.layers.linear import Linear, load_shard
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform
 from tokenmill.reference.unquantized import TorchLinearKernel, Unquantized
 

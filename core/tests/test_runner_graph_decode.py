@@ -10,7 +10,7 @@ from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, Platform, PlatformCapabilities, ProbeResult
 from tokenmill.plugin_api.graphs import GraphCaptureDeclined
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.request import Request
 from tokenmill.runner.graph_runner import (
     DecodeGraphRunner,

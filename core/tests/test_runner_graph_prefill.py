@@ -13,7 +13,7 @@ from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import AttentionCapabilities, PlatformCapabilities
 from tokenmill.plugin_api.graphs import GraphCaptureDeclined
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.request import Request
 from tokenmill.runner.graph_runner import EagerDecodeGraph
 from tokenmill.runner.model_runner import ModelRunner

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.paged_harness import PagedHarness
 from tokenmill_cpu.attention import CpuAttentionBackend
 from tokenmill_cpu.layer_kernels import layer_ops_unavailable

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.paged_harness import PagedHarness
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 

@@ -7,7 +7,10 @@ optional member bumps the minor number, anything that breaks an existing plugin 
 Documented submodules, imported by the plugins that need them (each imports no more of tokenmill):
 
 * ``tokenmill.plugin_api.graphs``: ``DecodeGraph`` and ``GraphCaptureDeclined`` (also exported here);
+* ``tokenmill.plugin_api.model``: the model contract (``Model``, ``BuildContext``, ...; also exported here);
 * ``tokenmill.plugin_api.native``: C kernels built per machine and called so decode graphs can record them;
+* ``tokenmill.plugin_api.reference_attention``: ``ReferenceAttentionBackend``, the plain-PyTorch oracle
+  (registered by core as ``reference``), and its plan (``AttentionGroup``, ``ReferenceAttentionMetadata``);
 * ``tokenmill.plugin_api.quantize_tools``: what a quantizer's ``quantize_checkpoint`` is written with;
 * ``tokenmill.plugin_api.safetensors_checkpoint``: a checkpoint's safetensors files, read tensor by tensor.
 """
