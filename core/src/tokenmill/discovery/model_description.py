@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.discovery.record import PluginRecord
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.selection_error import SelectionError
 from tokenmill.plugin_api import AttentionSpec, LinearSpec
@@ -148,8 +149,9 @@ def _read_json(path: str) -> dict[str, Any]:
         raise SelectionError(f"cannot read {path}: {error}") from None
 
 
-def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescription:
-    """Ask the quantizers that recognise the file for its embedded config, most confident first."""
+def recognising_quantizers(registry: PluginRegistry, path: str) -> tuple[list[PluginRecord], list[str]]:
+    """The available quantizers whose ``detect`` recognises the checkpoint file ``path`` (no
+    config.json), most confident first; with a note for each whose ``detect`` raised."""
     notes = []
     ranked = []
     for record in registry.available("quantizer"):
@@ -160,7 +162,13 @@ def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescripti
             continue
         if confidence > 0:
             ranked.append((confidence, record))
-    for _, record in sorted(ranked, key=lambda pair: (-pair[0], pair[1].name)):
+    return [record for _, record in sorted(ranked, key=lambda pair: (-pair[0], pair[1].name))], notes
+
+
+def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescription:
+    """Ask the quantizers that recognise the file for its embedded config, most confident first."""
+    ranked, notes = recognising_quantizers(registry, path)
+    for record in ranked:
         try:
             config = record.obj.from_config({}, path).hf_config(path)
         except Exception as error:  # reported, and the next quantizer is asked
