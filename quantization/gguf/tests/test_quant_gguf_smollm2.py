@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tokenmill.layers.context import ModelBuildContext
-from tokenmill.layers.linear import Linear
 from tokenmill.loader.model_loader import build_model, load_weights
+from tokenmill.plugin_api.linear import Linear
 from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.paged_harness import PagedHarness
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer

@@ -13,11 +13,11 @@ from torch import nn
 from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.embedding import VocabEmbedding
-from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding
 from tokenmill.models.registry import resolve_model_class
 from tokenmill.plugin_api import Quantizer
+from tokenmill.plugin_api.linear import Linear
 from tokenmill.plugin_api.model import missing_members
 from tokenmill.plugin_api.safetensors_checkpoint import SafetensorsCheckpoint
 

@@ -7,6 +7,7 @@ optional member bumps the minor number, anything that breaks an existing plugin 
 Documented submodules, imported by the plugins that need them (each imports no more of tokenmill):
 
 * ``tokenmill.plugin_api.graphs``: ``DecodeGraph`` and ``GraphCaptureDeclined`` (also exported here);
+* ``tokenmill.plugin_api.linear``: ``Linear``, the layer quantizers' weights and kernels live in, and its loading rules;
 * ``tokenmill.plugin_api.model``: the model contract (``Model``, ``BuildContext``, ...; also exported here);
 * ``tokenmill.plugin_api.native``: C kernels built per machine and called so decode graphs can record them;
 * ``tokenmill.plugin_api.reference_attention``: ``ReferenceAttentionBackend``, the plain-PyTorch oracle
