@@ -1,5 +1,4 @@
-"""tokenmill.plugin_api.native: C kernels for plugins, built once per machine and called so that a
-CPU decode graph can record them.
+"""C kernels for plugins: built once per machine, and called so that a CPU decode graph can record them.
 
 * ``build_native_library(source, what)`` compiles a plugin's C source with the host compiler into a
   per-machine cache and loads it with ctypes; ``NativeBuildError`` says why it could not, and

@@ -1,4 +1,4 @@
-"""tokenmill.plugin_api.quantize_tools: what a quantizer's ``quantize_checkpoint`` is written with.
+"""The quantizer authoring tools: what a format's ``quantize_checkpoint`` is written with.
 
 ``tokenmill quantize`` calls the format's ``Quantizer.quantize_checkpoint(model_dir, out_dir,
 **options)``; these tools read the float checkpoint (``FloatCheckpoint``), write the output
