@@ -76,3 +76,19 @@ def test_an_encoder_must_embed_whole_sequences():
         is_encoder = True
 
     assert missing_members(Encoder(None, None)) == ["embed_hidden"]
+
+
+def protocol_members(protocol: type) -> set[str]:
+    names = set(getattr(protocol, "__annotations__", {}))
+    return names | {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
+
+
+def test_core_contexts_are_what_the_contract_promises_a_model():
+    from tokenmill.layers.context import AttentionContext
+    from tokenmill.plugin_api import BuildContext, StepContext
+
+    build = ModelBuildContext()
+    assert {name for name in protocol_members(BuildContext) if not hasattr(build, name)} == set()
+    step = AttentionContext(backend=None, metadata=None, kv_caches=[])
+    assert {name for name in protocol_members(StepContext) if not hasattr(step, name)} == set()
+    assert protocol_members(BuildContext) >= {"linear", "lm_head", "attention_spec", "dtype", "layer_kernels"}
