@@ -149,9 +149,9 @@ def _read_json(path: str) -> dict[str, Any]:
         raise SelectionError(f"cannot read {path}: {error}") from None
 
 
-def recognising_quantizers(registry: PluginRegistry, path: str) -> tuple[list[PluginRecord], list[str]]:
-    """The available quantizers whose ``detect`` recognises the checkpoint file ``path`` (no
-    config.json), most confident first; with a note for each whose ``detect`` raised."""
+def recognising_quantizers(registry: PluginRegistry, path: str) -> tuple[list[tuple[float, PluginRecord]], list[str]]:
+    """(confidence, record) of the available quantizers whose ``detect`` recognises the checkpoint
+    file ``path`` (no config.json), most confident first; with a note for each whose ``detect`` raised."""
     notes = []
     ranked = []
     for record in registry.available("quantizer"):
@@ -162,13 +162,13 @@ def recognising_quantizers(registry: PluginRegistry, path: str) -> tuple[list[Pl
             continue
         if confidence > 0:
             ranked.append((confidence, record))
-    return [record for _, record in sorted(ranked, key=lambda pair: (-pair[0], pair[1].name))], notes
+    return sorted(ranked, key=lambda pair: (-pair[0], pair[1].name)), notes
 
 
 def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescription:
     """Ask the quantizers that recognise the file for its embedded config, most confident first."""
     ranked, notes = recognising_quantizers(registry, path)
-    for record in ranked:
+    for _, record in ranked:
         try:
             config = record.obj.from_config({}, path).hf_config(path)
         except Exception as error:  # reported, and the next quantizer is asked

@@ -60,11 +60,11 @@ def checkpoint_file_tokenizer(path: Path) -> Any:
     from tokenmill.discovery.model_description import recognising_quantizers
 
     ranked, notes = recognising_quantizers(discover(), str(path))
-    for record in ranked:
+    for _, record in ranked:
         tokenizer = record.obj.from_config({}, str(path)).tokenizer(str(path))
         if tokenizer is not None:
             return tokenizer
     if ranked:
-        raise ValueError(f"the quantization formats that recognise it ({', '.join(r.name for r in ranked)}) "
+        raise ValueError(f"the quantization formats that recognise it ({', '.join(r.name for _, r in ranked)}) "
                          f"supply no tokenizer")
     raise ValueError("; ".join(notes) or "no installed quantization format recognises the file")

@@ -3,7 +3,7 @@
 Implements the DecodeGraph contract of ``tokenmill.plugin_api.graphs`` for the CPU. A decode
 step of a small model spends as long in Python (module calls, shape checks, pointer lookups) as in
 its kernels; when every kernel of the forward pass is a C function called through
-``tokenmill.layers.native_call`` (the CPU layer kernels and attention, the packed GGUF matmul),
+``tokenmill.plugin_api.native.native_call`` (the CPU layer kernels and attention, the packed GGUF matmul),
 the forward is fully described by that list of calls and their arguments, and ``replay`` runs the
 list alone: from C (``CallList``) where the calls fit its table, else from Python.
 
