@@ -2,9 +2,10 @@
 
 import sys
 
-from ci import check_docstrings, check_import_rules, check_module_size
+from ci import check_docstrings, check_import_rules, check_module_size, check_plugin_contract
 
-CHECKS = {"module size": check_module_size, "import rules": check_import_rules, "docstrings": check_docstrings}
+CHECKS = {"module size": check_module_size, "import rules": check_import_rules, "plugin contract": check_plugin_contract,
+          "docstrings": check_docstrings}
 
 failed = False
 for title, check in CHECKS.items():

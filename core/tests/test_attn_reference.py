@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tokenmill.plugin_api import AttentionSpec
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.paged_harness import PagedHarness
 
 

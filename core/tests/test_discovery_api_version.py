@@ -8,7 +8,7 @@ from tokenmill.cli.main import main
 from tokenmill.cli.plugins_command import plugin_listing
 from tokenmill.discovery import PluginRegistry, PluginStatus
 from tokenmill.plugin_api import PLUGIN_API_VERSION, AttentionBackend, Platform, PlatformCapabilities, ProbeResult
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 
 MAJOR, MINOR = PLUGIN_API_VERSION
 CORE = f"{MAJOR}.{MINOR}"

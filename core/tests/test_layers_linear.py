@@ -8,9 +8,9 @@ from torch import nn
 from tokenmill.layers.context import AttentionSpecError, ModelBuildContext
 from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.kernel_selection import NoKernelError, choose_kernel, evaluate_kernels
-from tokenmill.layers.linear import Linear, load_shard
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.linear import Linear, load_shard
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform
 from tokenmill.reference.unquantized import TorchLinearKernel, Unquantized
 

@@ -11,8 +11,8 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import MissingWeightsError, build_model, load_model, load_weights
-from tokenmill.loader.safetensors_checkpoint import CheckpointNotFoundError, SafetensorsCheckpoint
 from tokenmill.models.weight_mapping import CheckpointMismatchError
+from tokenmill.plugin_api.safetensors_checkpoint import CheckpointNotFoundError, SafetensorsCheckpoint
 from tokenmill.reference.unquantized import TorchLinearKernel, Unquantized
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -18,7 +18,7 @@ from transformers import (
 
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.paged_harness import PagedHarness
 
 ATOL = 1e-4

@@ -8,7 +8,7 @@ import torch
 
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.paged_harness import PagedHarness
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenmill.layers.native_library import build_native_library, compiler, source_text
+from tokenmill.plugin_api.native import build_native_library, compiler, source_text
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler")
 

@@ -15,8 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tokenmill.discovery import PluginRegistry
 from tokenmill.plugin_api import Quantizer
-from tokenmill.quantize import FloatCheckpoint, calibration_windows, format_options, quantize_model, write_checkpoint
-from tokenmill.quantize import calibration_text as builtin_text
+from tokenmill.plugin_api.quantize_tools import FloatCheckpoint, calibration_windows, write_checkpoint
+from tokenmill.plugin_api.quantize_tools import calibration_text as builtin_text
+from tokenmill.quantize import format_options, quantize_model
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tokenmill.quantize import (
+from tokenmill.plugin_api.quantize_tools import (
     FloatCheckpoint,
     HessianAccumulator,
     LayerwiseRunner,

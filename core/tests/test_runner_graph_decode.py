@@ -9,12 +9,12 @@ from transformers import LlamaConfig
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import AttentionBackend, AttentionCapabilities, Platform, PlatformCapabilities, ProbeResult
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.graphs import GraphCaptureDeclined
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.request import Request
 from tokenmill.runner.graph_runner import (
     DecodeGraphRunner,
     EagerDecodeGraph,
-    GraphCaptureDeclined,
     decode_buckets,
     decode_graph_factory,
 )

@@ -13,7 +13,7 @@ from tokenmill.discovery.attention_choice import AttentionChoice
 from tokenmill.engine.config_resolver import resolve_config
 from tokenmill.engine.core_builder import build_engine_core
 from tokenmill.plugin_api import AttentionCapabilities, MemoryInfo, PlatformCapabilities
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform
 from tokenmill.runner.graph_runner import EagerDecodeGraph, decode_buckets
 from tokenmill.runner.memory_profile import kv_cache_sizing, profile_memory_in_use, profiling_batch

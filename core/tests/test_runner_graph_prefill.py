@@ -12,9 +12,10 @@ from transformers import LlamaConfig
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import AttentionCapabilities, PlatformCapabilities
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.graphs import GraphCaptureDeclined
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.request import Request
-from tokenmill.runner.graph_runner import EagerDecodeGraph, GraphCaptureDeclined
+from tokenmill.runner.graph_runner import EagerDecodeGraph
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.runner.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from tokenmill.sampling_params import SamplingParams

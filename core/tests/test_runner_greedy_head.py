@@ -13,7 +13,7 @@ from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.embedding import LMHead
 from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import LayerKernels
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.request import Request
 from tokenmill.runner.model_runner import GREEDY_PREPARE_ROWS, ModelRunner
 from tokenmill.sampling_params import SamplingParams

@@ -22,7 +22,7 @@ from tokenmill.engine.core_process import EngineCoreEmbedRequest, EngineCoreProc
 from tokenmill.engine.embedding import Embedder
 from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.plugin_api import MemoryInfo, PlatformCapabilities
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform
 from tokenmill.runner.graph_runner import EagerDecodeGraph
 from tokenmill.sampling_params import SamplingParams

@@ -7,7 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tokenmill.discovery import KINDS, PluginPolicy, PluginRegistry, PluginStatus, select_platform
+from tokenmill.discovery import (
+    KINDS,
+    PluginPolicy,
+    PluginRegistry,
+    PluginStatus,
+    select_attention_backend,
+    select_platform,
+)
 from tokenmill.plugin_api import ENTRY_POINT_GROUPS
 
 
@@ -44,3 +51,20 @@ def test_tokenmill_plugins_lists_every_installed_distribution():
     distributions = {ep.dist.name for kind in KINDS for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUPS[kind])}
     missing = [d for d in distributions if d not in result.stdout]
     assert not missing, f"not listed: {missing}\n{result.stdout}"
+
+
+def test_selection_picks_the_fake_device_only_when_enabled(monkeypatch):
+    """The example plugin's tutorial claim, through core's real discovery of the installed entry points."""
+    from tokenmill_fake_device.platform import ENV_VAR
+    from tokenmill_testkit import AttentionCase
+
+    monkeypatch.setenv(ENV_VAR, "1")
+    registry = PluginRegistry.from_installed()
+    choice = select_platform(registry)
+    assert choice.name == "fakedev"
+    platform = choice.instantiate()
+    platform.activate()
+    backend = select_attention_backend(registry, platform, AttentionCase(4, 2, 64).spec("float32"))
+    assert backend.name == "fakedev"
+    monkeypatch.setenv(ENV_VAR, "0")
+    assert select_platform(PluginRegistry.from_installed()).name != "fakedev"

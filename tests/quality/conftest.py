@@ -120,7 +120,8 @@ def engine_logprobs():
 def quantized_smollm2(format_name: str, options: list[str]) -> Path:
     """SmolLM2-135M written by ``tokenmill quantize --format format_name *options``, cached under
     .cache/test-fixtures by content: the float model's fingerprint, the options, torch's version and
-    the source of tokenmill.quantize and of the format's distribution (a code change re-quantizes)."""
+    the source of tokenmill.plugin_api.quantize_tools and of the format's distribution (a code change
+    re-quantizes)."""
     import hashlib
     import importlib.util
     import shutil
@@ -131,7 +132,7 @@ def quantized_smollm2(format_name: str, options: list[str]) -> Path:
 
     source = smollm2.safetensors_dir()
     packages = [importlib.util.find_spec(name).submodule_search_locations[0]
-                for name in ("tokenmill.quantize", f"tokenmill_quant_{format_name}")]
+                for name in ("tokenmill.plugin_api.quantize_tools", f"tokenmill_quant_{format_name}")]
     digest = hashlib.sha256(json.dumps([source.name, format_name, options, torch.__version__]).encode())
     for file in sorted(p for package in packages for p in Path(package).glob("*.py")):
         digest.update(file.read_bytes())

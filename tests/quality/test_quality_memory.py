@@ -13,9 +13,9 @@ import torch
 from safetensors import safe_open
 
 from tokenmill.layers.context import ModelBuildContext
-from tokenmill.layers.linear import Linear
 from tokenmill.loader.model_loader import build_model, load_weights
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.linear import Linear
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill_quant_gptq.quantizer import GPTQQuantizer
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ contents afterwards."""
 import pytest
 import torch
 
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 
 
 def _reference_step(case):

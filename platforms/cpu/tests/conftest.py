@@ -65,7 +65,7 @@ def build_for_march(tmp_path):
     """``build(source, march, like)``: ``source`` compiled for ``-march=march`` without AVX-512 (haswell:
     AVX2 + FMA; x86-64: the portable code), its functions typed as those of ``like`` (the loaded
     native build of the same source). Skipped off x86-64, without AVX2 or without a C compiler."""
-    from tokenmill.layers.native_library import FLAGS, compiler
+    from tokenmill.plugin_api.native import FLAGS, compiler
     from tokenmill_cpu.cpuinfo import read_cpuinfo
 
     if platform.machine() != "x86_64" or "avx2" not in read_cpuinfo().flags:

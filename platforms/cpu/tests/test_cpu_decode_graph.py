@@ -11,8 +11,8 @@ import ctypes
 import pytest
 import torch
 
-from tokenmill.layers.native_calls import NativeRecording, native_call
-from tokenmill.runner.graph_runner import GraphCaptureDeclined
+from tokenmill.plugin_api.graphs import GraphCaptureDeclined
+from tokenmill.plugin_api.native import NativeRecording, native_call
 from tokenmill_cpu.call_list import MAX_INTS, CallList, unavailable_reason
 from tokenmill_cpu.capabilities import GRAPH_MAX_BATCH, PREFILL_GRAPH_MAX_TOKENS
 from tokenmill_cpu.decode_graph import ActivationArena, CpuDecodeGraph

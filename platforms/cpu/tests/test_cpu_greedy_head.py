@@ -12,7 +12,7 @@ import gc
 import pytest
 import torch
 
-from tokenmill.layers.native_library import build_failure
+from tokenmill.plugin_api.native import build_failure
 from tokenmill_cpu.greedy_head import (
     INT8_MAX_ROWS,
     SLACK,

@@ -1,4 +1,5 @@
-"""CpuLayerKernels against core's PyTorch layers: RMSNorm (with and without the residual add), rotary
+"""CpuLayerKernels against core's PyTorch layers (the ``model_harness`` fixture's ``torch_layer``): RMSNorm
+(with and without the residual add), rotary
 (full and partial, on the strided q/k views a fused qkv projection gives), SiluAndMul (float32 and
 bfloat16) and row gathers (embeddings, rotary angles), at decode and prefill row counts, and the
 small-batch matrix product;
@@ -11,10 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tokenmill.layers.activation import SiluAndMul
-from tokenmill.layers.context import ModelBuildContext
-from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.rotary import RotaryAngles
 from tokenmill_cpu.layer_kernels import (
     SMALL_BATCH_ROWS,
     SMALL_BATCH_SOURCE,
@@ -35,9 +32,9 @@ def kernels() -> CpuLayerKernels:
 
 
 @pytest.mark.parametrize("count", ROWS)
-def test_rms_norm_matches_torch(kernels, count):
+def test_rms_norm_matches_torch(kernels, model_harness, count):
     torch.manual_seed(count)
-    norm = RMSNorm(576, 1e-5)
+    norm = model_harness.torch_layer("rms_norm", 576, 1e-5)
     norm.weight.data.normal_()
     x, residual = torch.randn(count, 576) * 3, torch.randn(count, 576)
     torch.testing.assert_close(kernels.rms_norm(x, norm.weight, norm.eps), norm(x), rtol=1e-6, atol=1e-6)
@@ -47,8 +44,8 @@ def test_rms_norm_matches_torch(kernels, count):
     torch.testing.assert_close(normed, want_normed, rtol=1e-6, atol=1e-6)
 
 
-def test_rms_norm_of_per_head_rows(kernels):
-    norm = RMSNorm(64, 1e-6)
+def test_rms_norm_of_per_head_rows(kernels, model_harness):
+    norm = model_harness.torch_layer("rms_norm", 64, 1e-6)
     norm.weight.data.uniform_(0.5, 1.5)
     heads = torch.randn(5, 9, 64)
     got = kernels.rms_norm(heads, norm.weight, norm.eps)
@@ -58,24 +55,24 @@ def test_rms_norm_of_per_head_rows(kernels):
 
 @pytest.mark.parametrize("count", ROWS)
 @pytest.mark.parametrize("rotary_dim", [64, 32])
-def test_rotary_is_bitwise_torch_on_fused_qkv_views(kernels, count, rotary_dim):
+def test_rotary_is_bitwise_torch_on_fused_qkv_views(kernels, model_harness, count, rotary_dim):
     torch.manual_seed(rotary_dim)
     q, k, _ = torch.randn(count, 576 + 2 * 192).split((576, 192, 192), dim=-1)
     q, k = q.view(count, 9, 64), k.view(count, 3, 64)
     cos, sin = torch.randn(count, 1, rotary_dim // 2), torch.randn(count, 1, rotary_dim // 2)
-    angles = RotaryAngles(cos, sin, rotary_dim)
+    angles = model_harness.torch_layer("rotary_angles", cos, sin, rotary_dim)
     got_q, got_k = kernels.rotary(q, k, cos, sin)
     want_q, want_k = angles.apply(q, k)
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-    assert torch.equal(RotaryAngles(cos, sin, rotary_dim, kernels).apply(q, k)[0], want_q)
+    assert torch.equal(model_harness.torch_layer("rotary_angles", cos, sin, rotary_dim, kernels).apply(q, k)[0], want_q)
 
 
 @pytest.mark.parametrize("count", ROWS)
-def test_silu_and_mul_matches_torch(kernels, count):
+def test_silu_and_mul_matches_torch(kernels, model_harness, count):
     torch.manual_seed(count)
     x = torch.randn(count, 2 * 1536) * 6
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # the exp clamp at both ends, and zero
-    want = SiluAndMul()(x)
+    want = model_harness.torch_layer("silu_and_mul")(x)
     got = kernels.silu_and_mul(x)
     torch.testing.assert_close(got, want, rtol=4e-7, atol=1e-30)
 
@@ -88,9 +85,9 @@ def _within_one_bfloat16_step(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("count", ROWS)
-def test_bfloat16_rms_norm_rounds_where_torch_does(kernels, count):
+def test_bfloat16_rms_norm_rounds_where_torch_does(kernels, model_harness, count):
     torch.manual_seed(count)
-    norm = RMSNorm(576, 1e-5, dtype=torch.bfloat16)
+    norm = model_harness.torch_layer("rms_norm", 576, 1e-5, dtype=torch.bfloat16)
     norm.weight.data.normal_()
     x, residual = (torch.randn(count, 576) * 3).bfloat16(), torch.randn(count, 576).bfloat16()
     _within_one_bfloat16_step(kernels.rms_norm(x, norm.weight, norm.eps), norm(x))
@@ -102,22 +99,22 @@ def test_bfloat16_rms_norm_rounds_where_torch_does(kernels, count):
 
 @pytest.mark.parametrize("count", ROWS)
 @pytest.mark.parametrize("rotary_dim", [64, 32])
-def test_bfloat16_rotary_is_bitwise_torch(kernels, count, rotary_dim):
+def test_bfloat16_rotary_is_bitwise_torch(kernels, model_harness, count, rotary_dim):
     torch.manual_seed(rotary_dim + count)
     q, k, _ = torch.randn(count, 576 + 2 * 192).bfloat16().split((576, 192, 192), dim=-1)
     q, k = q.view(count, 9, 64), k.view(count, 3, 64)
     cos, sin = (torch.randn(count, 1, rotary_dim // 2).bfloat16() for _ in range(2))
     got_q, got_k = kernels.rotary(q, k, cos, sin)
-    want_q, want_k = RotaryAngles(cos, sin, rotary_dim).apply(q, k)
+    want_q, want_k = model_harness.torch_layer("rotary_angles", cos, sin, rotary_dim).apply(q, k)
     assert got_q.dtype == torch.bfloat16 and torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
 
 
 @pytest.mark.parametrize("count", ROWS)
-def test_bfloat16_silu_and_mul_rounds_where_torch_does(kernels, count):
+def test_bfloat16_silu_and_mul_rounds_where_torch_does(kernels, model_harness, count):
     torch.manual_seed(count)
     x = (torch.randn(count, 2 * 1536) * 6).bfloat16()
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
-    _within_one_bfloat16_step(kernels.silu_and_mul(x), SiluAndMul()(x))
+    _within_one_bfloat16_step(kernels.silu_and_mul(x), model_harness.torch_layer("silu_and_mul")(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
@@ -136,19 +133,18 @@ def test_gather_rows_refuses_indices_outside_the_table(kernels):
             kernels.gather_rows(table, torch.tensor([1, bad]))
 
 
-def test_embedding_and_rotary_angles_gather_through_the_kernels(kernels):
+def test_embedding_and_rotary_angles_gather_through_the_kernels(kernels, model_harness):
     from transformers import LlamaConfig
 
-    from tokenmill.layers.embedding import VocabEmbedding
-    from tokenmill.layers.rotary import build_rotary
 
-    embedding = VocabEmbedding(40, 16, dtype=torch.float32)
+    embedding = model_harness.torch_layer("embedding", 40, 16, dtype=torch.float32)
     embedding.weight.data.normal_()
     ids = torch.tensor([7, 39, 0, 7])
     plain = embedding(ids)
     embedding.kernels = kernels
     assert torch.equal(embedding(ids), plain)
-    rotary = build_rotary(LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64), 16)
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
+    rotary = model_harness.torch_layer("rotary", config, 16)
     positions = torch.tensor([0, 5, 63])
     want = rotary.angles(positions, torch.float32)
     rotary.kernels = kernels
@@ -224,16 +220,15 @@ def test_unsupported_inputs_are_declined(kernels):
     assert kernels.gather_rows(torch.randn(8, 4), torch.tensor([[1]])) is None
 
 
-def test_the_platform_hands_the_kernels_to_the_model(monkeypatch):
+def test_the_platform_hands_the_kernels_to_the_model(monkeypatch, model_harness):
     from transformers import LlamaConfig
 
-    from tokenmill.loader.model_loader import build_model
 
     platform = CpuPlatform()
     assert isinstance(platform.layer_kernels(), CpuLayerKernels)
     config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2)
-    model = build_model(config, ModelBuildContext.for_platform(platform, dtype=torch.float32))
+    model, _ = model_harness.build(config, platform=platform)
     layer = model.model.layers[0]
     assert isinstance(layer.input_layernorm.kernels, CpuLayerKernels)
     assert isinstance(layer.mlp.act.kernels, CpuLayerKernels)

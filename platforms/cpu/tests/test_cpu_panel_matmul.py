@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from tokenmill.layers.native_library import build_failure
+from tokenmill.plugin_api.native import build_failure
 from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable
 from tokenmill_cpu.panel_matmul import PANEL_MAX_ROWS, SOURCE, PanelMatmul, load_panel_matmul
 

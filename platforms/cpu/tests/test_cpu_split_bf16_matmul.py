@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from tokenmill.layers.native_library import build_failure
+from tokenmill.plugin_api.native import build_failure
 from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable
 from tokenmill_cpu.platform import CpuPlatform
 from tokenmill_cpu.split_bf16_matmul import (

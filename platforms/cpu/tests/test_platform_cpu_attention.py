@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenmill.plugin_api import AttentionBatch, AttentionSpec
-from tokenmill.reference.attention import ReferenceAttentionBackend
+from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill_cpu.attention import CpuAttentionBackend
 from tokenmill_cpu.kernels.native import unavailable_reason
 
@@ -209,7 +209,10 @@ def test_prefill_groups_take_the_native_kernel_where_it_pays(query_lens, context
 def test_selected_on_the_cpu_with_reasons_elsewhere():
     spec = AttentionSpec(9, 3, 64, 0.125, "float32")
     assert CpuAttentionBackend.validate(spec, "cpu") == []
-    assert CpuAttentionBackend.validate(spec, "cuda")
+    assert CpuAttentionBackend.validate(spec, "cuda") == ["runs on cpu, not cuda"]
+    # the reference it derives from runs on any torch device; its native kernels do not
+    assert ReferenceAttentionBackend.validate(spec, "cuda") == []
+    assert not CpuAttentionBackend.any_torch_device
 
 
 def test_loading_the_kernel_keeps_subnormal_floats():

@@ -10,7 +10,7 @@ import torch  # noqa: F401
 
 # Imported here so the in-process runs below find them already loaded (pytester restores
 # sys.modules afterwards, and torch cannot be imported twice).
-import tokenmill.reference.attention  # noqa: F401
+import tokenmill.plugin_api.reference_attention  # noqa: F401
 import tokenmill_testkit.attention_conformance  # noqa: F401
 import tokenmill_testkit.platform_conformance  # noqa: F401
 import tokenmill_testkit.quantizer_conformance  # noqa: F401

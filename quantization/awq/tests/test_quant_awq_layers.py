@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_awq.awq_config import AWQConfig
 from tokenmill_quant_awq.packing import pack_int4, unpack_int4
 from tokenmill_quant_awq.quantize import quantize_awq

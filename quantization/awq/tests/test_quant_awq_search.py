@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tokenmill.quantize import FloatCheckpoint
+from tokenmill.plugin_api.quantize_tools import FloatCheckpoint
 from tokenmill_quant_awq.awq_search import GRID, awq_search, fake_quantize, search_scales
 from tokenmill_quant_awq.quantize import quantize_awq
 

@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_awq.awq_config import AWQConfig
 from tokenmill_quant_awq.quantize import quantize_awq
 from tokenmill_quant_awq.quantizer import AWQQuantizer

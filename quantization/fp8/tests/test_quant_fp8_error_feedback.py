@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenmill.quantize import HessianAccumulator
+from tokenmill.plugin_api.quantize_tools import HessianAccumulator
 from tokenmill_quant_fp8.fp8_checkpoint import fp8_error_feedback
 from tokenmill_quant_fp8.quantize import quantize_fp8
 

@@ -13,8 +13,8 @@ from compressed_tensors.compressors.naive_quantized.base import FloatQuantizatio
 from compressed_tensors.quantization import QuantizationScheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import Fp8Format, LinearSpec, PlatformCapabilities
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_fp8.fp8_scheme import FP8Scheme
 from tokenmill_quant_fp8.quantize import quantize_fp8
 from tokenmill_quant_fp8.quantizer import FP8Quantizer

@@ -12,13 +12,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from tokenmill.layers.context import ModelBuildContext
-from tokenmill.loader.model_loader import build_model, load_weights
-from tokenmill.request import Request
-from tokenmill.runner.graph_runner import DecodeGraphRunner
-from tokenmill.runner.model_runner import ModelRunner
-from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler import Scheduler, SchedulerConfig
 from tokenmill_quant_gguf.cpu_kernel import native_unavailable
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 
@@ -41,28 +34,23 @@ def q4_1_and_q8_0(name: str) -> gguf.GGMLQuantizationType:
     return T.Q8_0 if ".attn_v." in name or ".ffn_down." in name or not name.startswith("blk.") else T.Q4_1
 
 
-def load(path: str, mode: str | None):
-    platform = cpu_platform.CpuPlatform()
+def load(harness, path: str, mode: str | None):
     quantizer = GGUFQuantizer(path, mode) if mode else None
-    build = ModelBuildContext.for_platform(platform, dtype=torch.float32, quantizer=quantizer, block_size=BLOCK_SIZE,
-                                           attention_backend=CpuAttentionBackend)
-    model = build_model(quantizer.hf_config(path) if quantizer else LlamaConfig(**CONFIG), build)
-    load_weights(model, path, quantizer)
-    return model, build
+    return harness.load(path, quantizer.hf_config(path) if quantizer else LlamaConfig(**CONFIG), quantizer=quantizer,
+                        platform=cpu_platform.CpuPlatform(), attention_backend=CpuAttentionBackend,
+                        block_size=BLOCK_SIZE)
 
 
-def make_runner(model) -> ModelRunner:
-    return ModelRunner(model, CpuAttentionBackend(), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
-                       max_num_batched_tokens=64, max_num_seqs=8, max_model_len=MAX_MODEL_LEN,
-                       vocab_size=CONFIG["vocab_size"], device=torch.device("cpu"))
-
-
-def attach(runner: ModelRunner, max_num_seqs: int) -> DecodeGraphRunner:
-    runner.decode_graphs = DecodeGraphRunner(
-        runner.model, runner.backend, runner.kv_caches, max_num_seqs=max_num_seqs,
-        max_blocks_per_seq=runner.inputs.max_blocks_per_seq, block_size=BLOCK_SIZE, device=runner.device,
-        new_graph=CpuDecodeGraph)
-    return runner.decode_graphs
+def beside_eager(harness, model, max_num_seqs: int):
+    """The harness's decode graphs (CpuDecodeGraph) beside an eager runner, over six requests of
+    growing prompts that finish one by one."""
+    gen = torch.Generator().manual_seed(3)
+    requests = [(torch.randint(2, CONFIG["vocab_size"], (4 + 5 * i,), generator=gen).tolist(), max_tokens)
+                for i, max_tokens in enumerate(MAX_TOKENS)]
+    return harness.decode_graphs_beside_eager(model, CpuAttentionBackend(), CpuDecodeGraph, requests,
+                                              max_num_seqs=max_num_seqs, block_size=BLOCK_SIZE,
+                                              num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN,
+                                              vocab_size=CONFIG["vocab_size"])
 
 
 @pytest.fixture
@@ -71,50 +59,14 @@ def tiny_gguf(gguf_fixtures) -> str:
     return gguf_fixtures.from_hf_model(AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)), "llama", q4_1_and_q8_0)
 
 
-def test_packed_decode_graphs_replay_the_eager_steps(tiny_gguf):
-    model, build = load(tiny_gguf, "packed")
+def test_packed_decode_graphs_replay_the_eager_steps(tiny_gguf, model_harness):
+    model, build = load(model_harness, tiny_gguf, "packed")
     assert set(build.kernel_summary()) == {"gguf-packed-cpu"}
-    plain, graphed = make_runner(model), make_runner(model)
-    graphs = attach(graphed, max_num_seqs=4)
-    assert graphs.capture()
-    assert graphs.buckets == (1, 2, 4)
+    run = beside_eager(model_harness, model, max_num_seqs=4)
+    assert run.buckets == (1, 2, 4)
     # per layer: two norms, three matmuls... every one a native call; more per replay than layers
-    assert all(graph.num_calls > 10 * CONFIG["num_hidden_layers"] for graph in graphs.graphs.values())
-
-    replayed = run_beside_eager(plain, graphed, graphs)
-    assert {1, 2, 3} <= set(replayed), replayed  # 6 requests finish one by one
-
-
-def run_beside_eager(plain: ModelRunner, graphed: ModelRunner, graphs: DecodeGraphRunner) -> list[int]:
-    """Drive both runners through the same schedule; every step's tokens, logprobs and cache must
-    match. Returns the batch sizes of the steps the graphs took."""
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=MAX_MODEL_LEN,
-                                          block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS))
-    gen = torch.Generator().manual_seed(3)
-    for i, max_tokens in enumerate(MAX_TOKENS):
-        prompt = torch.randint(2, CONFIG["vocab_size"], (4 + 5 * i,), generator=gen).tolist()
-        scheduler.add_request(Request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                                                      ignore_eos=True, logprobs=3)))
-    outputs: dict[str, list[int]] = {}
-    replayed = []
-    while scheduler.has_unfinished_requests():
-        step = scheduler.schedule()
-        if graphs.accepts(graphed.inputs.build(step.scheduled)):
-            replayed.append(len(step.scheduled))
-        want, got = plain.execute(step), graphed.execute(step)
-        assert got.sampled_token_ids == want.sampled_token_ids
-        for request_id, (entry,) in want.logprobs.items():
-            (graphed_entry,) = got.logprobs[request_id]
-            assert graphed_entry.token_ids == entry.token_ids
-            torch.testing.assert_close(graphed_entry.logprobs, entry.logprobs, atol=1e-5, rtol=0)
-        for cache_plain, cache_graphed in zip(plain.kv_caches, graphed.kv_caches, strict=True):
-            torch.testing.assert_close(cache_graphed[:, 1:], cache_plain[:, 1:], atol=1e-5, rtol=0)  # block 0: padding
-        for update in scheduler.update(step, want.sampled_token_ids):
-            outputs.setdefault(update.request.request_id, []).extend(update.new_token_ids)
-    assert sorted(len(tokens) for tokens in outputs.values()) == sorted(MAX_TOKENS)
-    return replayed
-
-    assert {1, 2, 3} <= set(replayed), replayed  # 6 requests finish one by one
+    assert all(calls > 10 * CONFIG["num_hidden_layers"] for calls in run.num_calls)
+    assert {1, 2, 3} <= set(run.replayed), run.replayed  # 6 requests finish one by one
 
 
 def native_dense_matmul_offered() -> bool:
@@ -126,13 +78,10 @@ def native_dense_matmul_offered() -> bool:
 
 
 @pytest.mark.skipif(not native_dense_matmul_offered(), reason="the native float32 matmuls are offered on AVX-512 and AVX2 + FMA builds only")
-def test_a_dense_model_captures_every_batch_size_through_the_native_matmuls(tmp_path):
+def test_a_dense_model_captures_every_batch_size_through_the_native_matmuls(tmp_path, model_harness):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).save_pretrained(tmp_path)
-    model, build = load(str(tmp_path), None)
-    plain, graphed = make_runner(model), make_runner(model)
-    graphs = attach(graphed, max_num_seqs=8)
-    assert graphs.capture()
-    assert graphs.buckets == (1, 2, 4, 8)  # one and two rows: the small-batch matmul; more: the panels
-    replayed = run_beside_eager(plain, graphed, graphs)
-    assert {1, 2, 3} <= set(replayed), replayed
+    model, _ = load(model_harness, str(tmp_path), None)
+    run = beside_eager(model_harness, model, max_num_seqs=8)
+    assert run.buckets == (1, 2, 4, 8)  # one and two rows: the small-batch matmul; more: the panels
+    assert {1, 2, 3} <= set(run.replayed), run.replayed

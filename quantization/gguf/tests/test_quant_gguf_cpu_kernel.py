@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from tokenmill.layers.native_library import FLAGS, compiler
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
+from tokenmill.plugin_api.native import FLAGS, compiler
 from tokenmill_quant_gguf.cpu_kernel import (
     DEQUANTIZE_ROWS,
     SOURCE,

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_gguf.dequantize import dequantize
 from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
 from tokenmill_quant_gguf.ggml_type import GGMLType

@@ -10,10 +10,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from tokenmill.layers.context import ModelBuildContext
-from tokenmill.loader.model_loader import build_model, load_weights
-from tokenmill.reference.attention import ReferenceAttentionBackend
-from tokenmill.reference.paged_harness import PagedHarness
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -36,15 +32,13 @@ def mixed_types(name: str) -> gguf.GGMLQuantizationType:
     ("qwen2", lambda: Qwen2Config(**COMMON, tie_word_embeddings=False)),
 ], ids=["llama", "llama-tied", "qwen2"])
 @pytest.mark.parametrize("mode", ["dequantize", "packed"])
-def test_tokenmill_matches_transformers_on_the_same_gguf(gguf_fixtures, arch, config, mode):
+def test_tokenmill_matches_transformers_on_the_same_gguf(gguf_fixtures, model_harness, arch, config, mode):
     torch.manual_seed(0)
     path = gguf_fixtures.from_hf_model(AutoModelForCausalLM.from_config(config()), arch, mixed_types)
     reference = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                      dtype=torch.float32).eval()
     quantizer = GGUFQuantizer(path, mode)
-    build = ModelBuildContext(dtype=torch.float32, quantizer=quantizer, attention_backend=ReferenceAttentionBackend)
-    model = build_model(quantizer.hf_config(path), build)
-    load_weights(model, path, quantizer)
+    model, build = model_harness.load(path, quantizer.hf_config(path), quantizer=quantizer)
     kernel = "gguf-dequantized" if mode == "dequantize" else "gguf-packed-torch"
     tied = quantizer.hf_config(path)["tie_word_embeddings"]
     if tied and mode == "dequantize":  # the head shares the embedding's float matrix
@@ -58,12 +52,8 @@ def test_tokenmill_matches_transformers_on_the_same_gguf(gguf_fixtures, arch, co
         assert [t.name for _, _, t in qkv.gguf_segments] == ["Q5_1", "Q8_0"]
 
     tokens = [5, 17, 42, 8, 91, 33, 2, 60]
-    harness = PagedHarness(block_size=16, num_blocks=8)
-    backend = ReferenceAttentionBackend()
-    caches = harness.allocate_caches(backend, model.attention_specs())
-    step = harness.step([(0, tokens)])
+    got = model_harness.prefill_logits(model, tokens)
     with torch.inference_mode():
-        got = model.compute_logits(model(step.input_ids, step.positions, harness.context(backend, caches, step)))
         want = reference(input_ids=torch.tensor([tokens])).logits[0]
     assert want.abs().max() > 0.1
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -8,11 +8,7 @@ import os
 import pytest
 import torch
 
-from tokenmill.layers.context import ModelBuildContext
-from tokenmill.layers.linear import Linear
-from tokenmill.loader.model_loader import build_model, load_weights
-from tokenmill.reference.attention import ReferenceAttentionBackend
-from tokenmill.reference.paged_harness import PagedHarness
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 
 
@@ -80,35 +76,22 @@ def test_every_tensor_equals_transformers_gguf_load(smollm2_gguf, hf_reference):
 
 
 @pytest.fixture(scope="module")
-def tokenmill_models(smollm2_gguf):
+def tokenmill_models(smollm2_gguf, model_harness):
     """mode -> (tokenmill model loaded from the file, its build context), built once per mode."""
     made = {}
 
     def get(mode):
         if mode not in made:
             quantizer = GGUFQuantizer(smollm2_gguf, mode)
-            build = ModelBuildContext(dtype=torch.float32, quantizer=quantizer,
-                                      attention_backend=ReferenceAttentionBackend)
-            model = build_model(quantizer.hf_config(smollm2_gguf), build)
-            load_weights(model, smollm2_gguf, quantizer)
-            made[mode] = model, build
+            made[mode] = model_harness.load(smollm2_gguf, quantizer.hf_config(smollm2_gguf), quantizer=quantizer)
         return made[mode]
 
     return get
 
 
-def _prefill_logits(model, tokens):
-    harness = PagedHarness(block_size=16, num_blocks=8)
-    backend = ReferenceAttentionBackend()
-    caches = harness.allocate_caches(backend, model.attention_specs())
-    step = harness.step([(0, tokens)])
-    with torch.inference_mode():
-        return model.compute_logits(model(step.input_ids, step.positions, harness.context(backend, caches, step)))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, kernel", [("dequantize", "gguf-dequantized"), ("packed", "gguf-packed-torch")])
-def test_tokenmill_model_matches_hf_logits(tokenmill_models, hf_reference, mode, kernel):
+def test_tokenmill_model_matches_hf_logits(tokenmill_models, model_harness, hf_reference, mode, kernel):
     model, build = tokenmill_models(mode)
     # 4 per layer; the tied head shares the float embedding, or in the packed layout reads its Q8_0 blocks
     expected = {kernel: 120, "torch-linear": 1} if mode == "dequantize" else {kernel: 121}
@@ -116,7 +99,7 @@ def test_tokenmill_model_matches_hf_logits(tokenmill_models, hf_reference, mode,
     tokens = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11, 2, 198, 1, 4093, 198]
     with torch.inference_mode():
         want = hf_reference(input_ids=torch.tensor([tokens])).logits[0]
-    got = _prefill_logits(model, tokens)
+    got = model_harness.prefill_logits(model, tokens)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 
-from tokenmill.tokenizer import gguf_tokenizer
-from tokenmill.tokenizer.gguf_tokenizer import cache_key, load_gguf_tokenizer, tokenizer_cache_dir
-from tokenmill.tokenizer.loader import load_tokenizer
+from tokenmill_quant_gguf import gguf_tokenizer
+from tokenmill_quant_gguf.gguf_tokenizer import cache_key, load_gguf_tokenizer, tokenizer_cache_dir
+from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 
 TEXTS = ["Hello there! Write x² in café style.", "def f(n):\n    return n * 2\n", "日本語のテキスト 123"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
@@ -40,7 +40,7 @@ def test_converted_once_then_loaded_from_the_cache(smollm2_gguf, tmp_path, monke
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         lambda location, **kwargs: no_conversion() if "gguf_file" in kwargs else original(location, **kwargs))
     _same(converted, load_gguf_tokenizer(smollm2_gguf))
-    _same(converted, load_tokenizer(smollm2_gguf))
+    _same(converted, GGUFQuantizer.from_config({}, smollm2_gguf).tokenizer(smollm2_gguf))  # what core asks
 
 
 def test_a_changed_file_gets_a_new_entry(smollm2_gguf, tmp_path, monkeypatch):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tokenmill.quantize import HessianAccumulator, column_order
+from tokenmill.plugin_api.quantize_tools import HessianAccumulator, column_order
 from tokenmill_quant_gptq.dequantize import dequantize_columns
 from tokenmill_quant_gptq.gptq_algorithm import gptq_quantize, group_parameters
 from tokenmill_quant_gptq.quantize import quantize_gptq

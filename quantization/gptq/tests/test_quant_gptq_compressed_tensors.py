@@ -13,8 +13,8 @@ from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_in
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_gptq.compressed_tensors_config import PackQuantizedScheme
 from tokenmill_quant_gptq.compressed_tensors_kernel import CompressedTensorsPackTorchKernel
 from tokenmill_quant_gptq.compressed_tensors_quantizer import CompressedTensorsPackQuantizer

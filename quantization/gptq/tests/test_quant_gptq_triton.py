@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_gptq.gptq_config import GPTQConfig
 from tokenmill_quant_gptq.quantize import quantize_gptq
 from tokenmill_quant_gptq.quantizer import GPTQQuantizer

@@ -13,8 +13,8 @@ from compressed_tensors.compressors.naive_quantized.base import IntQuantizationC
 from compressed_tensors.quantization import QuantizationScheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
+from tokenmill.plugin_api.linear import Linear
 from tokenmill_quant_int8.int8_scheme import Int8Scheme
 from tokenmill_quant_int8.quantize import quantize_int8, quantize_per_token
 from tokenmill_quant_int8.quantizer import INT8Quantizer

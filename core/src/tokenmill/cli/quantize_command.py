@@ -1,5 +1,5 @@
 """``tokenmill quantize MODEL_DIR OUT_DIR --format F``: rewrite a float Hugging Face checkpoint in a
-quantization format, by the format plugin's own ``quantize_checkpoint`` (see ``tokenmill.quantize``)."""
+quantization format, by the format plugin's own ``quantize_checkpoint`` (written with ``tokenmill.plugin_api.quantize_tools``)."""
 
 from __future__ import annotations
 

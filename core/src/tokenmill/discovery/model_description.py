@@ -16,6 +16,7 @@ from typing import Any
 
 from tokenmill.discovery.checkpoint_format import CheckpointFormat
 from tokenmill.discovery.quantizer_choice import UNQUANTIZED, unclaimed_format_error
+from tokenmill.discovery.record import PluginRecord
 from tokenmill.discovery.registry import PluginRegistry
 from tokenmill.discovery.selection_error import SelectionError
 from tokenmill.plugin_api import AttentionSpec, LinearSpec
@@ -150,8 +151,9 @@ def _read_json(path: str) -> dict[str, Any]:
         raise SelectionError(f"cannot read {path}: {error}") from None
 
 
-def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescription:
-    """Ask the quantizers that recognise the file for its embedded config, most confident first."""
+def recognising_quantizers(registry: PluginRegistry, path: str) -> tuple[list[tuple[float, PluginRecord]], list[str]]:
+    """(confidence, record) of the available quantizers whose ``detect`` recognises the checkpoint
+    file ``path`` (no config.json), most confident first; with a note for each whose ``detect`` raised."""
     notes = []
     ranked = []
     for record in registry.available("quantizer"):
@@ -162,7 +164,13 @@ def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescripti
             continue
         if confidence > 0:
             ranked.append((confidence, record))
-    for _, record in sorted(ranked, key=lambda pair: (-pair[0], pair[1].name)):
+    return sorted(ranked, key=lambda pair: (-pair[0], pair[1].name)), notes
+
+
+def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescription:
+    """Ask the quantizers that recognise the file for its embedded config, most confident first."""
+    ranked, notes = recognising_quantizers(registry, path)
+    for _, record in ranked:
         try:
             config = record.obj.from_config({}, path).hf_config(path)
         except Exception as error:  # reported, and the next quantizer is asked

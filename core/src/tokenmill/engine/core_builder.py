@@ -52,7 +52,7 @@ def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -
                 config.model.architecture, config.model.dtype, config.model.quantization,
                 time.perf_counter() - started, build.kernel_summary(), layer_kernels)
 
-    encoder = getattr(model, "is_encoder", False)  # embeds whole sequences: no KV cache, no decode steps
+    encoder = model.is_encoder  # embeds whole sequences: no KV cache, no decode steps
     num_blocks = _profiled_num_blocks(config, model, backend) if config.gpu_memory_utilization and not encoder \
         else config.cache.num_blocks
     runner = ModelRunner(model, backend, num_blocks=num_blocks, block_size=config.cache.block_size,

@@ -140,7 +140,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 def can_generate(model: Any) -> bool:
     """False for encoder-only models: they embed whole sequences and have no decoding step."""
-    return not getattr(model, "is_encoder", False)
+    return not model.is_encoder
 
 
 def ready_message(config: Any, loaded_model: Any = None, num_kv_blocks: int | None = None) -> EngineCoreReady:

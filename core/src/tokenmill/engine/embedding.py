@@ -29,13 +29,12 @@ from tokenmill.engine.embedding_inputs import (
     encode_embedding,
 )
 from tokenmill.layers.context import AttentionContext
-from tokenmill.layers.pooling import PoolingConfig, pool
+from tokenmill.layers.pooling import DEFAULT_DECODER_POOLING, PoolingConfig, pool
 from tokenmill.plugin_api import AttentionBackend, AttentionBatch
 
 __all__ = ["DEFAULT_DECODER_POOLING", "Embedder", "EmbeddingOutput", "EmbeddingRequestOutput", "embed_for_api",
            "encode_embedding", "fresh_prefill_batch", "tokenize_for_embedding"]
 
-DEFAULT_DECODER_POOLING = PoolingConfig(method="last", normalize=True)
 
 
 @dataclass
@@ -101,8 +100,7 @@ class Embedder:
         runner = core.runner
         model = runner.model
         if pooling is None:
-            default = getattr(model, "default_pooling", DEFAULT_DECODER_POOLING)
-            pooling = PoolingConfig.from_model_dir(config.model.path, default)
+            pooling = PoolingConfig.from_model_dir(config.model.path, model.default_pooling)
         return cls(model, runner.backend, runner.device, pooling, max_batch_tokens=config.max_num_batched_tokens,
                    block_size=config.cache.block_size)
 
@@ -122,7 +120,7 @@ class Embedder:
         seq_lens = [len(p) for p in prompts]
         input_ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=self.device)
         positions = torch.cat([torch.arange(n) for n in seq_lens]).to(self.device)
-        if getattr(self.model, "is_encoder", False):
+        if self.model.is_encoder:
             return self.model.embed_hidden(input_ids, positions, seq_lens)
         batch = fresh_prefill_batch(seq_lens, self.block_size, self.device)
         num_blocks = 1 + sum(-(-n // self.block_size) for n in seq_lens)

@@ -16,7 +16,6 @@ import torch
 
 from tokenmill.layers.embedding import LMHead, VocabEmbedding
 from tokenmill.layers.kernel_selection import KernelChoice, choose_kernel
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import (
     AttentionBackend,
     AttentionSpec,
@@ -26,6 +25,7 @@ from tokenmill.plugin_api import (
     PlatformCapabilities,
     Quantizer,
 )
+from tokenmill.plugin_api.linear import Linear
 from tokenmill.reference.unquantized import Unquantized
 
 

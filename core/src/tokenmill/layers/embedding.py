@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import LayerKernels, LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.linear import Linear
 
 FLOAT32 = torch.float32
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tokenmill.layers.gated_activation import activation
-from tokenmill.layers.linear import load_shard
+from tokenmill.plugin_api.linear import load_shard
 
 SHARDS = {"gate": 0, "up": 1}
 

@@ -56,6 +56,10 @@ class PoolingConfig:
         return cls(method=method, normalize="Normalize" in kinds)
 
 
+DEFAULT_DECODER_POOLING = PoolingConfig(method="last", normalize=True)
+"""What a decoder pools with unless its checkpoint says otherwise: the last token, normalised."""
+
+
 def pool(hidden: torch.Tensor, seq_lens: Sequence[int], config: PoolingConfig) -> torch.Tensor:
     """``hidden`` [T, H] of sequences laid end to end (lengths ``seq_lens``) -> float32 [B, H]."""
     lens = torch.tensor(list(seq_lens), device=hidden.device)

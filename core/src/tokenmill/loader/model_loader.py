@@ -13,12 +13,13 @@ from torch import nn
 from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.layers.embedding import VocabEmbedding
-from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding
-from tokenmill.loader.safetensors_checkpoint import SafetensorsCheckpoint
 from tokenmill.models.registry import resolve_model_class
 from tokenmill.plugin_api import Quantizer
+from tokenmill.plugin_api.linear import Linear
+from tokenmill.plugin_api.model import missing_members
+from tokenmill.plugin_api.safetensors_checkpoint import SafetensorsCheckpoint
 
 
 class MissingWeightsError(ValueError):
@@ -41,11 +42,16 @@ def as_hf_config(hf_config: Any) -> Any:
 def build_model(hf_config: Any, build: ModelBuildContext) -> nn.Module:
     """The registered model class for ``hf_config``, constructed with parameters on ``build.device``
     (uninitialised until weights are loaded); its RMSNorm, rotary, SiluAndMul, embedding and linear
-    layers get ``build.layer_kernels``."""
+    layers get ``build.layer_kernels``. ``TypeError`` when the class lacks a member of the model
+    contract (``tokenmill.plugin_api.Model``)."""
     hf_config = as_hf_config(hf_config)
     model_class = resolve_model_class(hf_config)
     with torch.device(build.device):
         model = model_class(hf_config, build)
+    missing = missing_members(model)
+    if missing:
+        raise TypeError(f"{model_class.__module__}.{model_class.__qualname__} does not implement the model contract "
+                        f"(tokenmill.plugin_api.Model): missing {', '.join(missing)}")
     if build.layer_kernels is not None:
         for module in model.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding, Linear)):

@@ -131,6 +131,10 @@ class BertModel(nn.Module):
         """Encoders have no language-model head."""
         raise TypeError("BertModel is an encoder-only embedding model and has no logits")
 
+    def greedy_token_ids(self, hidden: torch.Tensor) -> None:
+        """No language-model head to take an argmax of (``compute_logits`` says so)."""
+        return None
+
     def attention_specs(self) -> list[AttentionSpec]:
         """None: an encoder keeps no KV cache."""
         return []

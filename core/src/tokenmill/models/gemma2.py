@@ -23,6 +23,7 @@ from tokenmill.layers.context import AttentionContext, ModelBuildContext
 from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.gated_activation import GatedActivation
 from tokenmill.layers.gemma_norm import GemmaRMSNorm
+from tokenmill.layers.pooling import DEFAULT_DECODER_POOLING, PoolingConfig
 from tokenmill.layers.rotary import RotaryAngles, RotaryEmbedding, build_rotary
 from tokenmill.models.llama import head_size
 from tokenmill.models.weight_mapping import load_checkpoint_weights
@@ -156,6 +157,8 @@ class Gemma2ForCausalLM(nn.Module):
     to the embedding unless ``tie_word_embeddings`` is false."""
 
     qk_norm: ClassVar[bool] = False
+    is_encoder: ClassVar[bool] = False
+    default_pooling: ClassVar[PoolingConfig] = DEFAULT_DECODER_POOLING
     default_sliding_window_pattern: ClassVar[int] = 2
 
     @classmethod
@@ -184,6 +187,10 @@ class Gemma2ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab], soft-capped when the config says so."""
         return soft_cap(self.lm_head(hidden), self.final_logit_softcapping)
+
+    def greedy_token_ids(self, hidden: torch.Tensor) -> None:
+        """None: the soft-capped logits are computed in full (``compute_logits``)."""
+        return None
 
     def attention_specs(self) -> list[AttentionSpec]:
         """One AttentionSpec per layer, in layer order (the order of ``ctx.kv_caches``)."""

@@ -2,13 +2,9 @@
 
 The model contract every tokenmill model follows:
 
-* ``__init__(hf_config, build: ModelBuildContext)``;
-* ``forward(input_ids [T] int64, positions [T] int64, ctx: AttentionContext) -> hidden [T, hidden]``;
-* ``compute_logits(hidden [N, hidden]) -> logits [N, vocab] float32``;
-* optionally ``greedy_token_ids(hidden [N, hidden]) -> int64 [N] or None``: the logits' argmax when
-  the model can find it without every logit (greedy steps without logprobs), None otherwise;
-* ``load_weights(iterable of (Hugging Face name, tensor)) -> names of the parameters now loaded``;
-* ``attention_specs() -> list[AttentionSpec]``, one per layer, indexed like ``ctx.kv_caches``.
+Every model implements ``tokenmill.plugin_api.Model`` (constructed with core's
+``ModelBuildContext``, the ``BuildContext`` of the contract; ``forward`` receives an
+``AttentionContext``, its ``StepContext``).
 
 Family members differ only through the class-level hooks ``qkv_bias``, ``o_bias``, ``qk_norm``
 and ``sliding_window``.
@@ -27,6 +23,7 @@ from tokenmill.layers.attention import Attention
 from tokenmill.layers.context import AttentionContext, ModelBuildContext
 from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.norm import RMSNorm
+from tokenmill.layers.pooling import DEFAULT_DECODER_POOLING, PoolingConfig
 from tokenmill.layers.rotary import RotaryAngles, build_rotary
 from tokenmill.models.weight_mapping import load_checkpoint_weights
 from tokenmill.plugin_api import AttentionSpec
@@ -144,6 +141,8 @@ class LlamaForCausalLM(nn.Module):
     config has one, tied embeddings from ``tie_word_embeddings``."""
 
     qk_norm: ClassVar[bool] = False
+    is_encoder: ClassVar[bool] = False
+    default_pooling: ClassVar[PoolingConfig] = DEFAULT_DECODER_POOLING
 
     @classmethod
     def qkv_bias(cls, config: Any) -> bool:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from tokenmill.layers.context import AttentionContext, ModelBuildContext
+from tokenmill.layers.pooling import DEFAULT_DECODER_POOLING, PoolingConfig
 from tokenmill.models.transformers_attention import (
     ROUTE_ATTRIBUTE,
     LayerRoute,
@@ -49,6 +50,9 @@ def causal_lm_class_name(hf_config: Any) -> str | None:
 
 class TransformersCausalLM(nn.Module):
     """The tokenmill model contract over a transformers ``AutoModelForCausalLM``."""
+
+    is_encoder: ClassVar[bool] = False
+    default_pooling: ClassVar[PoolingConfig] = DEFAULT_DECODER_POOLING
 
     def __init__(self, hf_config: Any, build: ModelBuildContext):
         super().__init__()
@@ -132,6 +136,10 @@ class TransformersCausalLM(nn.Module):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
+
+    def greedy_token_ids(self, hidden: torch.Tensor) -> None:
+        """None: the logits are computed in full through the transformers model's output embedding."""
+        return None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into the parameters of the same name (a checkpoint of the bare

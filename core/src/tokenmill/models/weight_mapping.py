@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from tokenmill.layers.linear import Linear, load_shard
+from tokenmill.plugin_api.linear import Linear, load_shard
 
 logger = logging.getLogger(__name__)
 

@@ -189,7 +189,7 @@ class Platform(ABC):
 
     def create_graph(self) -> Any:
         """A new, empty decode graph for this device: an object with ``capture(fn)`` that records one
-        call of ``fn`` and ``replay()`` that re-runs it (see ``tokenmill.runner.graph_runner``).
+        call of ``fn`` and ``replay()`` that re-runs it (``tokenmill.plugin_api.graphs.DecodeGraph``).
         Optional: only platforms whose ``capabilities.graph_capture`` is true implement it; the
         default raises NotImplementedError. Called in the engine process, once per captured decode
         batch size and, with ``capabilities.prefill_graph_max_tokens``, once per prefill length bucket,

@@ -8,9 +8,10 @@ to slot ``padding_slot`` of block 0, the reserved null block no request owns, wi
 of 1: they read and write only that block, never a real request's cache. Their hidden states are
 sliced off.
 
-The graph itself is an abstraction (``DecodeGraph``): the platform provides the captured kind
-(CUDA graphs, through ``Platform.create_graph``), and ``EagerDecodeGraph`` runs the same padded
-static-buffer path without capture, so the whole path is testable on the CPU. A captured graph
+The graph itself is an abstraction (``DecodeGraph`` of ``tokenmill.plugin_api.graphs``): the
+platform provides the captured kind (CUDA graphs, through ``Platform.create_graph``), and
+``EagerDecodeGraph`` runs the same padded static-buffer path without capture, so the whole path is
+testable on the CPU. A captured graph
 freezes the attention backend's plan made at capture time, which is only sound for backends that
 declare ``AttentionCapabilities.graph_capture``.
 """
@@ -21,24 +22,19 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionBatch, Platform
+from tokenmill.plugin_api.graphs import DecodeGraph, GraphCaptureDeclined
 from tokenmill.runner.step_inputs import StepInputs
 
 logger = logging.getLogger("tokenmill")
 
 NULL_BLOCK_ID = 0
-
-
-class GraphCaptureDeclined(RuntimeError):
-    """A graph's ``capture`` refusing a forward it cannot record faithfully (for example one that
-    runs operations its platform's graph does not replay). Steps then run eagerly; logged as
-    information, not as a failure."""
 
 
 def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -52,25 +48,6 @@ def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
         power *= 2
     kept = [s for s in sizes if s < max_num_seqs]
     return (*kept, max_num_seqs)
-
-
-class DecodeGraph(Protocol):
-    """One batch size's graph: ``capture`` once, then ``replay`` every step.
-
-    ``plan()`` plans attention for the static buffers as they hold the step now; ``forward(meta)``
-    runs the model on the static buffers with that plan and returns the hidden states.
-    ``freezes_plan`` is True when replays reuse the plan made at capture (a recorded graph).
-    """
-
-    freezes_plan: bool
-
-    def capture(self, plan: Callable[[], Any], forward: Callable[[Any], torch.Tensor]) -> None:
-        """Record (or, eagerly, remember) ``forward``; runs it at least once."""
-        ...
-
-    def replay(self) -> torch.Tensor:
-        """Run the recorded forward on the buffers' current contents; returns [bucket, hidden]."""
-        ...
 
 
 class EagerDecodeGraph:

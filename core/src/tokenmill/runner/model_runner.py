@@ -144,8 +144,7 @@ class ModelRunner:
         from the model's ``greedy_token_ids``, which may skip most logits; None when it does not answer."""
         if not batch.all_greedy or batch.needs_processing or any(k is not None for k in batch.num_logprobs):
             return None
-        greedy_token_ids = getattr(self.model, "greedy_token_ids", None)
-        token_ids = greedy_token_ids(rows) if greedy_token_ids is not None else None
+        token_ids = self.model.greedy_token_ids(rows)
         if token_ids is None:
             return None
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * batch.num_rows)
@@ -156,10 +155,9 @@ class ModelRunner:
         ``GREEDY_PREPARE_ROWS``, so that what a platform derives from the LM head at its first call of
         either size (the CPU platform's int8 copy for one or two rows, bfloat16 copy and row norms for
         more: 0.6 s on SmolLM2, paid by the first request's step until then) is made at build time."""
-        greedy_token_ids = getattr(self.model, "greedy_token_ids", None)
-        if greedy_token_ids is not None and hidden_size > 0:
+        if hidden_size > 0:
             for rows in (1, GREEDY_PREPARE_ROWS):
-                greedy_token_ids(torch.zeros(rows, hidden_size, dtype=dtype, device=self.device))
+                self.model.greedy_token_ids(torch.zeros(rows, hidden_size, dtype=dtype, device=self.device))
 
     def _replay(self, step: StepInputs) -> torch.Tensor | None:
         """The step's hidden states through a decode or prefill graph, or None to run it eagerly."""

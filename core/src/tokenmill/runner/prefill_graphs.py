@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from tokenmill.plugin_api import AttentionBackend, AttentionBatch
-from tokenmill.runner.graph_runner import NULL_BLOCK_ID, BucketGraphRunner, DecodeGraph, GraphCaptureDeclined
+from tokenmill.plugin_api.graphs import DecodeGraph, GraphCaptureDeclined
+from tokenmill.runner.graph_runner import NULL_BLOCK_ID, BucketGraphRunner
 from tokenmill.runner.step_inputs import StepInputs
 
 logger = logging.getLogger("tokenmill")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tokenmill.plugin_api import Model
 from tokenmill.request import Request
 
 
@@ -19,11 +20,10 @@ def can_speculate(request: Request) -> bool:
             and request.num_output_tokens >= params.min_tokens)
 
 
-def greedy_token_ids(model: Any, hidden: Any) -> list[int]:
+def greedy_token_ids(model: Model, hidden: Any) -> list[int]:
     """The argmax token of each row of ``hidden`` (a tensor): through the model's ``greedy_token_ids``
     when it answers, else from its logits (ties go to the lowest token id either way)."""
-    answer = getattr(model, "greedy_token_ids", None)
-    token_ids = answer(hidden) if answer is not None else None
+    token_ids = model.greedy_token_ids(hidden)
     if token_ids is None:
         token_ids = model.compute_logits(hidden).argmax(dim=-1)
     return token_ids.tolist()

@@ -1,11 +1,13 @@
-"""load_tokenizer: a Hugging Face tokenizer from a model folder, a GGUF file, or a hub name."""
+"""load_tokenizer: a Hugging Face tokenizer from a model folder, a GGUF file, or a hub name.
+
+A GGUF file carries its tokenizer; the quantization format that reads the file builds it
+(``Quantizer.tokenizer``), so core needs no GGUF code of its own.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-from tokenmill.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 
 # files that mean "this folder carries its own tokenizer", so a GGUF beside them is not needed
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -25,8 +27,8 @@ def load_tokenizer(
     """Load the tokenizer of ``model``.
 
     ``model`` is a folder (with tokenizer files, or holding exactly one ``.gguf``), a ``.gguf``
-    file, or a hub name. GGUF files carry their tokenizer, which transformers rebuilds (slowly for
-    large vocabularies: the result is cached per file, see ``gguf_tokenizer``).
+    file, or a hub name. GGUF files carry their tokenizer, which the quantizer that recognises the
+    file builds (``checkpoint_file_tokenizer``).
     """
     from transformers import AutoTokenizer
 
@@ -44,8 +46,25 @@ def load_tokenizer(
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     try:
         if gguf_file is not None:
-            return load_gguf_tokenizer(Path(location) / gguf_file, **kwargs)
+            return checkpoint_file_tokenizer(Path(location) / gguf_file)
         return AutoTokenizer.from_pretrained(str(location), **kwargs)
     except (OSError, ValueError, KeyError) as error:
         where = f"{location} (GGUF file {gguf_file})" if gguf_file else str(location)
         raise TokenizerLoadError(f"Could not load the tokenizer of {where}: {error}") from error
+
+
+def checkpoint_file_tokenizer(path: Path) -> Any:
+    """The tokenizer a checkpoint file carries, from the most confident installed quantizer that
+    recognises the file and builds one (``Quantizer.tokenizer``); ``ValueError`` when none does."""
+    from tokenmill.discovery import discover
+    from tokenmill.discovery.model_description import recognising_quantizers
+
+    ranked, notes = recognising_quantizers(discover(), str(path))
+    for _, record in ranked:
+        tokenizer = record.obj.from_config({}, str(path)).tokenizer(str(path))
+        if tokenizer is not None:
+            return tokenizer
+    if ranked:
+        raise ValueError(f"the quantization formats that recognise it ({', '.join(r.name for _, r in ranked)}) "
+                         f"supply no tokenizer")
+    raise ValueError("; ".join(notes) or "no installed quantization format recognises the file")

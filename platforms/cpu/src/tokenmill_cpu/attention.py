@@ -23,9 +23,13 @@ from typing import Any
 
 import torch
 
-from tokenmill.layers.native_calls import native_call
 from tokenmill.plugin_api import AttentionBatch, AttentionCapabilities, AttentionSpec
-from tokenmill.reference.attention import AttentionGroup, ReferenceAttentionBackend, ReferenceAttentionMetadata
+from tokenmill.plugin_api.native import native_call
+from tokenmill.plugin_api.reference_attention import (
+    AttentionGroup,
+    ReferenceAttentionBackend,
+    ReferenceAttentionMetadata,
+)
 from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
 from tokenmill_cpu.kernels.native import MAX_GROUP, MAX_HEAD_SIZE, load_library, unavailable_reason
 
@@ -56,17 +60,12 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         graph_capture=True,
         prefill_graph_capture=True,
     )
+    any_torch_device = False  # the native kernels run on the CPU only
 
     @classmethod
     def availability(cls) -> str | None:
         """The reason the native kernel cannot be built or loaded here (no C compiler), or None."""
         return unavailable_reason()
-
-    @classmethod
-    def validate(cls, spec: AttentionSpec, device_type: str, families: tuple[str, ...] = ()) -> list[str]:
-        """The default capability checks (device, dtypes, availability), without the reference's
-        any-device rule: this backend runs on the CPU only."""
-        return super(ReferenceAttentionBackend, cls).validate(spec, device_type, families)
 
     def __init__(self, device: Any = None) -> None:
         super().__init__(device)

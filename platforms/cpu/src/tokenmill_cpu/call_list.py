@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tokenmill.layers.native_library import NativeBuildError, build_native_library
+from tokenmill.plugin_api.native import NativeBuildError, build_native_library
 
 SOURCE = Path(__file__).parent / "kernels" / "call_list.c"
 MAX_INTS = 20

@@ -1,9 +1,9 @@
 """CpuDecodeGraph: one decode batch size recorded as its list of native kernel calls and replayed.
 
-Implements the DecodeGraph contract of ``tokenmill.runner.graph_runner`` for the CPU. A decode
+Implements the DecodeGraph contract of ``tokenmill.plugin_api.graphs`` for the CPU. A decode
 step of a small model spends as long in Python (module calls, shape checks, pointer lookups) as in
 its kernels; when every kernel of the forward pass is a C function called through
-``tokenmill.layers.native_call`` (the CPU layer kernels and attention, the packed GGUF matmul),
+``tokenmill.plugin_api.native.native_call`` (the CPU layer kernels and attention, the packed GGUF matmul),
 the forward is fully described by that list of calls and their arguments, and ``replay`` runs the
 list alone: from C (``CallList``) where the calls fit its table, else from Python.
 
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tokenmill.layers.native_calls import NativeRecording
-from tokenmill.runner.graph_runner import GraphCaptureDeclined
+from tokenmill.plugin_api.graphs import GraphCaptureDeclined
+from tokenmill.plugin_api.native import NativeRecording
 from tokenmill_cpu.call_list import CallList
 
 aten = torch.ops.aten

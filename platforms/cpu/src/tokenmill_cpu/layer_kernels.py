@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from tokenmill.layers.native_calls import native_call
-from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LayerKernels
+from tokenmill.plugin_api.native import build_failure, build_native_library, native_call
 from tokenmill_cpu.greedy_head import GreedyHead, load_greedy_head
 from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
 from tokenmill_cpu.panel_matmul import PanelMatmul, float32_matrices, load_panel_matmul

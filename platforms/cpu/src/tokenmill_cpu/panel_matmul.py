@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tokenmill.layers.native_calls import native_call
-from tokenmill.layers.native_library import build_native_library
+from tokenmill.plugin_api.native import build_native_library, native_call
 from tokenmill_cpu.weight_copies import WeightCopies
 
 SOURCE = Path(__file__).parent / "kernels" / "panel_matmul.c"

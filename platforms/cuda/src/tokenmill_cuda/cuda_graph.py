@@ -1,6 +1,6 @@
 """CudaDecodeGraph: one decode batch size recorded as a torch.cuda.CUDAGraph and replayed.
 
-Implements the DecodeGraph contract of ``tokenmill.runner.graph_runner``: ``capture(plan, forward)``
+Implements the DecodeGraph contract of ``tokenmill.plugin_api.graphs``: ``capture(plan, forward)``
 plans attention once, runs ``forward`` eagerly on a side stream (Triton compiles its kernels and
 backends build their host-side plan state there, outside the capture), then records it; ``replay``
 relaunches the recorded kernels on whatever the static input buffers hold and returns the same

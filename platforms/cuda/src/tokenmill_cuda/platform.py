@@ -89,8 +89,8 @@ class CudaPlatform(Platform):
         torch.cuda.manual_seed_all(seed)
 
     def create_graph(self) -> CudaDecodeGraph:
-        """A new, empty CUDA graph for one decode batch size (``tokenmill.runner.graph_runner``'s
-        DecodeGraph contract). Every graph of this platform shares one memory pool."""
+        """A new, empty CUDA graph for one decode batch size (the DecodeGraph
+        contract of ``tokenmill.plugin_api.graphs``). Every graph of this platform shares one memory pool."""
         import torch
 
         if self._graph_pool is None:

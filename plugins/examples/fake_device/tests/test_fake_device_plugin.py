@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenmill.discovery import PluginRegistry, select_attention_backend, select_platform
 from tokenmill.plugin_api import LinearSpec
 from tokenmill_fake_device.attention import FakeDeviceAttentionBackend
 from tokenmill_fake_device.kernels import FakeInt8ReferenceKernel, FakeInt8ScaledMMKernel
@@ -31,20 +30,6 @@ def test_backend_runs_only_where_the_family_tag_is():
     assert FakeDeviceAttentionBackend.validate(spec, "cpu", ()) != []
     assert FakeDeviceAttentionBackend.validate(AttentionCase(4, 2, 64, kv_cache_dtype="fp8").spec("float32"), "cpu",
                                                ("fakedev",)) == ["kv-cache dtype fp8 not supported"]
-
-
-def test_selection_picks_the_fake_device_only_when_enabled(monkeypatch):
-    """Through core's real discovery of the installed entry points."""
-    monkeypatch.setenv(ENV_VAR, "1")
-    registry = PluginRegistry.from_installed()
-    choice = select_platform(registry)
-    assert choice.name == "fakedev"
-    platform = choice.instantiate()
-    platform.activate()
-    backend = select_attention_backend(registry, platform, AttentionCase(4, 2, 64).spec("float32"))
-    assert backend.name == "fakedev"
-    monkeypatch.setenv(ENV_VAR, "0")
-    assert select_platform(PluginRegistry.from_installed()).name != "fakedev"
 
 
 def test_detect_reads_quant_method():

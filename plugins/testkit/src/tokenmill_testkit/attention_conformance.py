@@ -32,7 +32,7 @@ from tokenmill_testkit.tolerances import assert_close, tolerance
 
 
 def _reference_backend() -> type[AttentionBackend]:
-    from tokenmill.reference.attention import ReferenceAttentionBackend
+    from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 
     return ReferenceAttentionBackend
 

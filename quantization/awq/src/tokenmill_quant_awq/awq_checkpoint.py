@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.quantize import (
+from tokenmill.plugin_api.quantize_tools import (
     DEFAULT_LENGTH,
     DEFAULT_SEQUENCES,
     FloatCheckpoint,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.quantize import FloatCheckpoint, LayerwiseRunner, one_thread
+from tokenmill.plugin_api.quantize_tools import FloatCheckpoint, LayerwiseRunner, one_thread
 
 # model types whose decoder layers have the llama layout and norms that multiply by their weight
 LLAMA_LAYOUT = ("llama", "mistral", "qwen2", "qwen3")

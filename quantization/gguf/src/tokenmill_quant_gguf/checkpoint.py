@@ -61,8 +61,8 @@ class GGUFCheckpoint:
 
     def tokenizer(self) -> Any:
         """The Hugging Face fast tokenizer (with the chat template) stored in the GGUF metadata,
-        converted on the first load of this file and cached (core's ``load_gguf_tokenizer``)."""
-        from tokenmill.tokenizer.gguf_tokenizer import load_gguf_tokenizer
+        converted on the first load of this file and cached (``load_gguf_tokenizer``)."""
+        from tokenmill_quant_gguf.gguf_tokenizer import load_gguf_tokenizer
 
         return load_gguf_tokenizer(self.path)
 

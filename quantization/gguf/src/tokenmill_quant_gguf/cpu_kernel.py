@@ -25,9 +25,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from tokenmill.layers.native_calls import native_call
-from tokenmill.layers.native_library import build_failure, build_native_library
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer
+from tokenmill.plugin_api.native import build_failure, build_native_library, native_call
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
 

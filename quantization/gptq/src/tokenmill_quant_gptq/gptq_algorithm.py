@@ -1,4 +1,4 @@
-"""GPTQ's integer grid on core's error-feedback solver (``tokenmill.quantize.error_feedback``):
+"""GPTQ's integer grid on core's error-feedback solver (``tokenmill.plugin_api.quantize_tools.error_feedback``):
 ``bits``-bit values with a scale and zero point per group of ``group_size`` input columns, in the
 GPTQ checkpoint layout.
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from tokenmill.quantize import column_order, quantize_with_error_feedback
+from tokenmill.plugin_api.quantize_tools import column_order, quantize_with_error_feedback
 from tokenmill_quant_gptq.bitpack import pack_bits
 from tokenmill_quant_gptq.quantize import GPTQTensors
 

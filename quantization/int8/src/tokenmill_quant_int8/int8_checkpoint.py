@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.quantize import FloatCheckpoint, write_checkpoint
+from tokenmill.plugin_api.quantize_tools import FloatCheckpoint, write_checkpoint
 from tokenmill_quant_int8.int8_scheme import ACTIVATIONS
 from tokenmill_quant_int8.quantize import quantize_int8
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
-from tokenmill.layers.native_library import build_failure, build_native_library
+from tokenmill.plugin_api.native import build_failure, build_native_library
 from tokenmill_cpu.kernels.dtypes import SUFFIXES
 
 DECODE_SOURCE = Path(__file__).with_name("paged_decode.c")

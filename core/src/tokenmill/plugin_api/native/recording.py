@@ -1,4 +1,4 @@
-"""native_call: run a kernel's ctypes function so that a CPU decode graph can record it.
+"""native_call and NativeRecording: run a kernel's ctypes function so that a CPU decode graph can record it.
 
 Kernels written in C (a platform's layer kernels and attention, a quantizer's matmul) call their
 ctypes function through ``native_call(function, *args)``. Outside a recording that is just the

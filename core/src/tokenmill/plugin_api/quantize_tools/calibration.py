@@ -15,7 +15,7 @@ DEFAULT_LENGTH = 128  # 16 x 128 tokens fit the built-in text without overlap
 def calibration_text(path: str | Path | None = None) -> str:
     """The text of ``path``, or the built-in calibration text."""
     if path is None:
-        from tokenmill.quantize.calibration_text import CALIBRATION_TEXT
+        from tokenmill.plugin_api.quantize_tools.calibration_text import CALIBRATION_TEXT
 
         return CALIBRATION_TEXT
     file = Path(path)

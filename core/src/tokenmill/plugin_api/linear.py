@@ -1,6 +1,11 @@
 """Linear: a (possibly fused) linear layer whose weights belong to a quantizer and whose math
 belongs to one of that quantizer's kernels.
 
+Core builds every linear layer of a model as this class, so it is the layer a quantizer's
+``create_weights`` and a kernel's ``process_weights_after_loading`` / ``apply`` receive, and the loading
+rules below are part of the plugin contract; quantizer tests build one to load checkpoint shards
+exactly as core does.
+
 A fused layer (q/k/v, gate/up) concatenates the checkpoint's separate tensors along each
 parameter's ``output_dim``; ``load_shard`` puts one checkpoint tensor in its place.
 
@@ -23,7 +28,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.quantization import LinearSpec, Quantizer, QuantKernel
 
 
 def shard_range(output_sizes: Sequence[int], shard_index: int) -> tuple[int, int]:
@@ -87,6 +92,7 @@ class Linear(nn.Module):
 
     @property
     def num_shards(self) -> int:
+        """How many checkpoint tensors the layer fuses (``len(spec.output_sizes)``)."""
         return len(self.spec.output_sizes)
 
     def load_weight(self, param_name: str, loaded: torch.Tensor, shard_index: int | None = None) -> None:
@@ -103,9 +109,11 @@ class Linear(nn.Module):
         self.kernel.process_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T (+ bias)`` through the kernel, for activations ``x`` [..., in_features]."""
         return self.kernel.apply(self, x, self.bias)
 
     def extra_repr(self) -> str:
+        """Shapes, bias, quantizer and kernel, for ``print(model)``."""
         spec = self.spec
         return (f"{spec.in_features} -> {spec.output_sizes}, bias={spec.bias}, quantizer={self.quantizer.name}, "
                 f"kernel={self.kernel.name}")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.loader.safetensors_checkpoint import SafetensorsCheckpoint
+from tokenmill.plugin_api.safetensors_checkpoint import SafetensorsCheckpoint
 
 # A decoder layer's tensor: "<anything>.layers.<index>.<module path>.weight".
 _DECODER_WEIGHT = re.compile(r"(^|\.)layers\.\d+\.(.+)\.weight$")

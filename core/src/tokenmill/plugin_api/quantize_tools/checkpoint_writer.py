@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.quantize.float_checkpoint import FloatCheckpoint
+from tokenmill.plugin_api.quantize_tools.float_checkpoint import FloatCheckpoint
 
 SHARD_BYTES = 4 << 30
 INDEX_FILE = "model.safetensors.index.json"

@@ -1,7 +1,9 @@
 """ReferenceAttentionBackend: paged attention in plain PyTorch, on any torch device.
 
-It is the correctness oracle for every other backend, the path of last resort, and for now the
-default on the CPU, so it avoids per-request Python loops in the layers. ``plan`` splits the step
+It is the correctness oracle for every other backend (the testkit compares against it), the path of
+last resort, and a base class for backends that replace some of its steps with their own kernels
+(its plan, ``AttentionGroup`` and ``ReferenceAttentionMetadata`` are part of the plugin contract),
+so it avoids per-request Python loops in the layers. ``plan`` splits the step
 into at most two groups, the decodes (one query each) and the prefill chunks, and precomputes for
 each group the cache blocks to read ([requests, blocks]) and where its tokens sit in a padded
 [requests, max_query_len] query block. ``forward`` then gathers K/V blocks from the cache (a
@@ -18,6 +20,7 @@ allocate caches with ``torch.zeros``, not ``torch.empty``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -162,11 +165,15 @@ class ReferenceAttentionBackend(AttentionBackend):
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         families=("torch",),
     )
+    any_torch_device: ClassVar[bool] = True
+    """Whether the backend runs wherever torch does (its plain-PyTorch path), whatever device the
+    platform names; a subclass with kernels for some devices only sets it False and is then
+    validated against its ``capabilities.device_types`` and ``families`` like any backend."""
 
     @classmethod
     def validate(cls, spec: AttentionSpec, device_type: str, families: tuple[str, ...] = ()) -> list[str]:
-        """The default checks, except the device: plain PyTorch runs wherever torch does."""
-        return super().validate(spec, device_type, (*families, "torch"))
+        """The default checks; with ``any_torch_device`` every platform counts as the ``torch`` family."""
+        return super().validate(spec, device_type, (*families, "torch") if cls.any_torch_device else families)
 
     def plan(self, batch: AttentionBatch) -> ReferenceAttentionMetadata:
         """Split the step into a decode group and a prefill group and precompute their indices."""

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.quantize.error_feedback import HessianAccumulator
-from tokenmill.quantize.float_checkpoint import FloatCheckpoint
+from tokenmill.plugin_api.quantize_tools.error_feedback import HessianAccumulator
+from tokenmill.plugin_api.quantize_tools.float_checkpoint import FloatCheckpoint
 
 Visit = Callable[[str, nn.Module, Callable[[], None]], None]
 # quantize_linear(weight name, float weight [out, in], Hessian [in, in]) -> (format tensors, dequantized weight)
