@@ -1,0 +1,85 @@
+"""The tile scaffolding of a dequantize-inside-matmul Triton kernel, shared by the quantization
+plugins: ``y [M, N] = x [M, K] @ W [K, N]`` where each kernel only says how a ``BLOCK_K x BLOCK_N``
+tile of ``W`` is decoded from its packed format.
+
+Grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))``: a program owns one ``BLOCK_M x BLOCK_N`` tile of
+``y`` (``output_tile``), walks ``K`` in ``BLOCK_K`` steps loading activations (``load_activations``),
+accumulates in float32 (``accumulate``) and stores once (``store_output``). ``x`` rows are
+contiguous (stride 1 along ``K``) and so are ``y``'s. Importing this module imports triton, so
+``TRITON_INTERPRET`` must be set before the first import (tests on the CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def output_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's row and column offsets into ``y`` and their in-bounds masks:
+    ``(offs_m, offs_n, m_mask, n_mask)``."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return offs_m, offs_n, offs_m < M, offs_n < N
+
+
+@triton.jit
+def reduction_step(k_start, K, n_mask, BLOCK_K: tl.constexpr):
+    """Offsets of the ``BLOCK_K`` inputs from ``k_start``, their mask, and the ``[BLOCK_K, BLOCK_N]``
+    mask of the weight tile: ``(offs_k, k_mask, kn_mask)``."""
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    k_mask = offs_k < K
+    return offs_k, k_mask, k_mask[:, None] & n_mask[None, :]
+
+
+@triton.jit
+def load_activations(x_ptr, stride_xm, offs_m, offs_k, m_mask, k_mask):
+    """The ``[BLOCK_M, BLOCK_K]`` activation tile, zero outside ``x``."""
+    return tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def accumulate(acc, x, w, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """``acc + x @ w`` in float32; ``w`` is already rounded to ``x``'s dtype."""
+    if DOT_IN_FP32:
+        # the interpreter multiplies bfloat16 operands as raw integers; widening first is exact
+        acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    else:
+        acc += tl.dot(x, w, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def store_output(out_ptr, stride_om, acc, offs_m, offs_n, m_mask, n_mask):
+    """Store the accumulated tile into ``y`` in ``y``'s dtype, masked to its bounds."""
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def tile_sizes(rows: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for ``rows`` activation rows: small M tiles for decode."""
+    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    return block_m, 64, 64
+
+
+def grid(rows: int, columns: int) -> tuple[int, int]:
+    """The launch grid covering ``rows x columns`` outputs with ``tile_sizes(rows)`` tiles."""
+    block_m, block_n, _ = tile_sizes(rows)
+    return triton.cdiv(rows, block_m), triton.cdiv(columns, block_n)
+
+
+def launch_options(x: Any, interpreted: bool) -> dict[str, Any]:
+    """The constexpr keyword arguments every tile kernel takes: block sizes for ``x``'s rows, the
+    dot precision (exact for float32, tf32 otherwise) and ``DOT_IN_FP32`` under the interpreter."""
+    block_m, block_n, block_k = tile_sizes(x.shape[0])
+    return {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "INPUT_PRECISION": "ieee" if str(x.dtype) == "torch.float32" else "tf32",
+        "DOT_IN_FP32": interpreted,
+    }
