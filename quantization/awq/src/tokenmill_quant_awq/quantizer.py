@@ -19,8 +19,10 @@ from typing import Any
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
+from tokenmill.plugin_api.quantization_config import declares, read_quantization_config
 from tokenmill_quant_awq import awq_checkpoint
-from tokenmill_quant_awq.awq_config import AWQConfig, read_quantization_config
+from tokenmill_quant_awq.awq_config import SIDE_FILE, AWQConfig
 from tokenmill_quant_awq.packing import PER_WORD
 from tokenmill_quant_awq.torch_kernel import AWQTorchKernel
 from tokenmill_quant_awq.triton_kernel import AWQTritonKernel
@@ -39,16 +41,12 @@ class AWQQuantizer(Quantizer):
     def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
         """1.0 when the quantization config says ``quant_method: awq`` (or AutoAWQ's
         ``quant_config.json`` sits next to the weights)."""
-        try:
-            config = read_quantization_config(hf_config, model_path)
-        except (OSError, ValueError):
-            return 0.0
-        return 1.0 if config is not None and str(config.get("quant_method", "")).lower() == "awq" else 0.0
+        return 1.0 if declares(hf_config, model_path, "awq", SIDE_FILE) else 0.0
 
     @classmethod
     def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> AWQQuantizer:
         """Parse group size and check the layout is 4-bit GEMM with zero points."""
-        config = read_quantization_config(hf_config, model_path)
+        config = read_quantization_config(hf_config, model_path, SIDE_FILE, "awq")
         if config is None:
             raise ValueError(f"{model_path}: no AWQ quantization_config in config.json nor a quant_config.json")
         return cls(AWQConfig.from_dict(config))
@@ -72,14 +70,13 @@ class AWQQuantizer(Quantizer):
         if any(size % PER_WORD for size in spec.output_sizes):
             raise ValueError(f"{spec.prefix}: AWQ needs output sizes divisible by 8, got {spec.output_sizes}")
         groups = spec.in_features // group_size
-        qweight = _parameter(torch.zeros(spec.in_features, spec.out_features // PER_WORD, dtype=torch.int32))
-        qzeros = _parameter(torch.zeros(groups, spec.out_features // PER_WORD, dtype=torch.int32))
-        scales = _parameter(torch.zeros(groups, spec.out_features, dtype=torch.float16))
-        for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-            param.output_dim = 1
-            if name != "scales":
-                param.pack_factor = PER_WORD
-            layer.register_parameter(name, param)
+        register_parameters(layer, {
+            "qweight": layer_parameter(torch.zeros(spec.in_features, spec.out_features // PER_WORD, dtype=torch.int32),
+                                       output_dim=1, pack_factor=PER_WORD),
+            "qzeros": layer_parameter(torch.zeros(groups, spec.out_features // PER_WORD, dtype=torch.int32),
+                                      output_dim=1, pack_factor=PER_WORD),
+            "scales": layer_parameter(torch.zeros(groups, spec.out_features, dtype=torch.float16), output_dim=1),
+        })
         layer.awq_group_size = group_size
 
     def describe(self) -> str:
@@ -92,6 +89,3 @@ class AWQQuantizer(Quantizer):
         """Write a float checkpoint as AWQ (GEMM, round-to-nearest) (see ``awq_checkpoint.quantize_checkpoint``)."""
         return awq_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
 
-
-def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)

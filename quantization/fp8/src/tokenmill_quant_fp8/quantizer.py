@@ -23,13 +23,15 @@ from typing import Any
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.compressed_tensors import compressed_tensors_format
+from tokenmill.plugin_api.fused_shards import quantized_whole
+from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
+from tokenmill.plugin_api.quantization_config import declared_method
+from tokenmill.plugin_api.scale_loaders import RowScaleLoader
 from tokenmill_quant_fp8 import fp8_checkpoint
-from tokenmill_quant_fp8.fp8_scheme import FLOAT_QUANTIZED, FP8Scheme, compressed_tensors_format
-from tokenmill_quant_fp8.row_scale_loader import RowScaleLoader
+from tokenmill_quant_fp8.fp8_scheme import FLOAT_QUANTIZED, FP8Scheme
 from tokenmill_quant_fp8.scaled_mm_kernel import FP8ScaledMMFnuzKernel, FP8ScaledMMKernel
 from tokenmill_quant_fp8.torch_kernel import FP8TorchKernel
-
-FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 class FP8Quantizer(Quantizer):
@@ -44,8 +46,7 @@ class FP8Quantizer(Quantizer):
     @classmethod
     def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
         """1.0 for ``quant_method: fp8`` or a compressed-tensors ``float-quantized`` config."""
-        config = hf_config.get("quantization_config")
-        if isinstance(config, Mapping) and str(config.get("quant_method", "")).lower() == "fp8":
+        if declared_method(hf_config.get("quantization_config")) == "fp8":
             return 1.0
         return 1.0 if compressed_tensors_format(hf_config) == FLOAT_QUANTIZED else 0.0
 
@@ -60,33 +61,28 @@ class FP8Quantizer(Quantizer):
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """False for ignored modules (``lm_head`` among them unless a config says otherwise)."""
-        covered = {self.scheme.quantizes(module) for module in _shard_modules(spec)}
-        if len(covered) > 1:
-            raise ValueError(f"{spec.prefix}: the checkpoint quantizes only some of the shards fused into this layer")
-        return covered.pop()
+        return quantized_whole(spec, self.scheme.quantizes)
 
     def create_weights(self, layer: Any, spec: LinearSpec) -> None:
         """Register ``weight``, the scale and ``input_scale`` (see the module docstring)."""
-        weight = _parameter(torch.zeros(spec.out_features, spec.in_features, dtype=torch.float8_e4m3fn))
-        weight.output_dim = 0
+        weight = layer_parameter(torch.zeros(spec.out_features, spec.in_features, dtype=torch.float8_e4m3fn),
+                                 output_dim=0)
         block = self.scheme.block
         if block is None:
-            scale = _parameter(torch.ones(spec.out_features, 1, dtype=torch.float32))
-            scale.weight_loader = RowScaleLoader(spec)
+            scale = layer_parameter(torch.ones(spec.out_features, 1, dtype=torch.float32),
+                                    weight_loader=RowScaleLoader(spec))
             scale_name = "weight_scale"
         else:
             rows, cols = block
             if any(size % rows for size in spec.output_sizes):
                 raise ValueError(f"{spec.prefix}: output shards {spec.output_sizes} are not multiples of the "
                                  f"{rows}-row scale blocks")
-            scale = _parameter(torch.ones(spec.out_features // rows, -(-spec.in_features // cols), dtype=torch.float32))
-            scale.output_dim, scale.pack_factor = 0, rows
+            scale = layer_parameter(torch.ones(spec.out_features // rows, -(-spec.in_features // cols),
+                                               dtype=torch.float32), output_dim=0, pack_factor=rows)
             scale_name = self.scheme.scale_name
-        input_scale = _parameter(torch.ones(len(spec.output_sizes), dtype=torch.float32))
-        input_scale.per_shard = True
-        input_scale.checkpoint_optional = True
-        for name, param in (("weight", weight), (scale_name, scale), ("input_scale", input_scale)):
-            layer.register_parameter(name, param)
+        input_scale = layer_parameter(torch.ones(len(spec.output_sizes), dtype=torch.float32), per_shard=True,
+                                      checkpoint_optional=True)
+        register_parameters(layer, {"weight": weight, scale_name: scale, "input_scale": input_scale})
         layer.fp8_block = block
         layer.fp8_scale_name = scale_name
 
@@ -100,14 +96,3 @@ class FP8Quantizer(Quantizer):
         """Write a float checkpoint as fp8 e4m3 (see ``fp8_checkpoint.quantize_checkpoint``)."""
         return fp8_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
 
-
-def _shard_modules(spec: LinearSpec) -> list[str]:
-    parent, _, leaf = spec.prefix.rpartition(".")
-    shards = FUSED_SHARDS.get(leaf)
-    if shards is not None and len(shards) == len(spec.output_sizes):
-        return [f"{parent}.{shard}" for shard in shards]
-    return [spec.prefix]
-
-
-def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)
