@@ -21,6 +21,8 @@ from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 from tokenmill_quant_gguf.triton_kernel import GGUFPackedTritonKernel
 from tokenmill_testkit.kernel_comparison import (
     TRITON_DEVICE as DEVICE,
+)
+from tokenmill_testkit.kernel_comparison import (
     assert_matches_reference,
     require_compiled_triton,
     require_triton_device,

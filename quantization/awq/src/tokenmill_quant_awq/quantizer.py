@@ -12,15 +12,14 @@ and ``qzeros`` pack 8 columns per int32, ``pack_factor = 8``):
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
 from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
-from tokenmill.plugin_api.quantization_config import declares, read_quantization_config
 from tokenmill_quant_awq import awq_checkpoint
 from tokenmill_quant_awq.awq_config import SIDE_FILE, AWQConfig
 from tokenmill_quant_awq.packing import PER_WORD
@@ -28,28 +27,17 @@ from tokenmill_quant_awq.torch_kernel import AWQTorchKernel
 from tokenmill_quant_awq.triton_kernel import AWQTritonKernel
 
 
-class AWQQuantizer(Quantizer):
+class AWQQuantizer(ConfiguredQuantizer):
     """AWQ checkpoints (``quant_method: awq``), run by a Triton kernel on GPUs and by the
     plain-PyTorch reference kernel elsewhere."""
 
     name = "awq"
+    quant_method = "awq"
+    side_file = SIDE_FILE  # AutoAWQ's
+    settings_cls = AWQConfig  # group size; the layout must be 4-bit GEMM with zero points
 
     def __init__(self, config: AWQConfig | None = None) -> None:
         self.config = config or AWQConfig()
-
-    @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 when the quantization config says ``quant_method: awq`` (or AutoAWQ's
-        ``quant_config.json`` sits next to the weights)."""
-        return 1.0 if declares(hf_config, model_path, "awq", SIDE_FILE) else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> AWQQuantizer:
-        """Parse group size and check the layout is 4-bit GEMM with zero points."""
-        config = read_quantization_config(hf_config, model_path, SIDE_FILE, "awq")
-        if config is None:
-            raise ValueError(f"{model_path}: no AWQ quantization_config in config.json nor a quant_config.json")
-        return cls(AWQConfig.from_dict(config))
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """Triton (devices Triton compiles for), then the torch reference; platform plugins may
@@ -83,9 +71,5 @@ class AWQQuantizer(Quantizer):
         """``awq 4-bit g128 (gemm)``."""
         return f"awq 4-bit g{self.config.group_size} (gemm)"
 
-    @classmethod
-    @functools.wraps(awq_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as AWQ (GEMM, round-to-nearest) (see ``awq_checkpoint.quantize_checkpoint``)."""
-        return awq_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(awq_checkpoint.quantize_checkpoint)
 

@@ -16,17 +16,16 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
-from tokenmill.plugin_api.compressed_tensors import compressed_tensors_format
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
 from tokenmill.plugin_api.fused_shards import quantized_whole
 from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
-from tokenmill.plugin_api.quantization_config import declared_method
 from tokenmill.plugin_api.scale_loaders import RowScaleLoader
 from tokenmill_quant_fp8 import fp8_checkpoint
 from tokenmill_quant_fp8.fp8_scheme import FLOAT_QUANTIZED, FP8Scheme
@@ -34,26 +33,21 @@ from tokenmill_quant_fp8.scaled_mm_kernel import FP8ScaledMMFnuzKernel, FP8Scale
 from tokenmill_quant_fp8.torch_kernel import FP8TorchKernel
 
 
-class FP8Quantizer(Quantizer):
+class FP8Quantizer(ConfiguredQuantizer):
     """fp8 e4m3 weights; W8A8 through ``torch._scaled_mm`` where the platform computes in fp8,
     weight-only dequantization elsewhere."""
 
     name = "fp8"
+    quant_method = "fp8"
+    compressed_tensors_formats = (FLOAT_QUANTIZED,)
 
     def __init__(self, scheme: FP8Scheme | None = None) -> None:
         self.scheme = scheme or FP8Scheme()
 
     @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 for ``quant_method: fp8`` or a compressed-tensors ``float-quantized`` config."""
-        if declared_method(hf_config.get("quantization_config")) == "fp8":
-            return 1.0
-        return 1.0 if compressed_tensors_format(hf_config) == FLOAT_QUANTIZED else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> FP8Quantizer:
-        """Parse the scale granularity and the modules left in full precision."""
-        return cls(FP8Scheme.from_hf_config(hf_config))
+    def parse_settings(cls, hf_config: Mapping[str, Any], model_path: str) -> FP8Scheme:
+        """The scale granularity and the modules left in full precision."""
+        return FP8Scheme.from_hf_config(hf_config)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """W8A8 (e4m3fn, then e4m3fnuz hardware), then the weight-only torch reference."""
@@ -90,9 +84,5 @@ class FP8Quantizer(Quantizer):
         """The scale granularity and the config it came from."""
         return self.scheme.describe()
 
-    @classmethod
-    @functools.wraps(fp8_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as fp8 e4m3 (see ``fp8_checkpoint.quantize_checkpoint``)."""
-        return fp8_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(fp8_checkpoint.quantize_checkpoint)
 

@@ -13,15 +13,15 @@ Parameters, under the checkpoint's names (``out`` fused across shards along ``ou
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
 from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
-from tokenmill.plugin_api.quantization_config import declares, read_quantization_config
 from tokenmill_quant_gptq import gptq_checkpoint
 from tokenmill_quant_gptq.bitpack import packed_length
 from tokenmill_quant_gptq.gptq_config import SIDE_FILE, GPTQConfig
@@ -30,30 +30,24 @@ from tokenmill_quant_gptq.torch_kernel import GPTQTorchKernel
 from tokenmill_quant_gptq.triton_kernel import GPTQTritonKernel
 
 
-class GPTQQuantizer(Quantizer):
+class GPTQQuantizer(ConfiguredQuantizer):
     """GPTQ checkpoints (``quant_method: gptq``), run by a Triton kernel on GPUs and by the
     plain-PyTorch reference kernel elsewhere."""
 
     name = "gptq"
+    quant_method = "gptq"
+    side_file = SIDE_FILE  # AutoGPTQ's
 
     def __init__(self, config: GPTQConfig | None = None) -> None:
         self.config = config or GPTQConfig()
 
     @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 when the quantization config says ``quant_method: gptq`` (or an AutoGPTQ
-        ``quantize_config.json`` sits next to the weights)."""
-        return 1.0 if declares(hf_config, model_path, "gptq", SIDE_FILE) else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> GPTQQuantizer:
-        """Parse bits, group size, act order, symmetry and checkpoint format."""
-        config = read_quantization_config(hf_config, model_path, SIDE_FILE, "gptq")
-        if config is None:
-            raise ValueError(f"{model_path}: no GPTQ quantization_config in config.json nor a quantize_config.json")
+    def parse_settings(cls, hf_config: Mapping[str, Any], model_path: str) -> GPTQConfig:
+        """Bits, group size, act order, symmetry and checkpoint format; Marlin repacks are refused."""
+        config = cls.declared_config(hf_config, model_path)
         if config.get("is_marlin_format") or config.get("checkpoint_format") == "marlin":
             raise ValueError(f"{model_path}: Marlin-repacked GPTQ checkpoints are not supported; use the GPTQ original")
-        return cls(GPTQConfig.from_dict(config))
+        return GPTQConfig.from_dict(config)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """Triton (devices Triton compiles for), then the torch reference; platform plugins may
@@ -93,9 +87,5 @@ class GPTQQuantizer(Quantizer):
         """``gptq 4-bit g128 sym``-style summary."""
         return self.config.describe()
 
-    @classmethod
-    @functools.wraps(gptq_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as GPTQ (see ``gptq_checkpoint.quantize_checkpoint``)."""
-        return gptq_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(gptq_checkpoint.quantize_checkpoint)
 

@@ -13,17 +13,16 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
-from tokenmill.plugin_api.compressed_tensors import compressed_tensors_format
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
 from tokenmill.plugin_api.fused_shards import quantized_whole
 from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
-from tokenmill.plugin_api.quantization_config import declared_method
 from tokenmill.plugin_api.scale_loaders import RowScaleLoader
 from tokenmill_quant_int8 import int8_checkpoint
 from tokenmill_quant_int8.int8_scheme import INT_FORMATS, Int8Scheme
@@ -31,25 +30,20 @@ from tokenmill_quant_int8.w8a8_kernels import Int8IntMMKernel, Int8W8A8TorchKern
 from tokenmill_quant_int8.weight_only_kernel import Int8WeightOnlyTorchKernel
 
 
-class INT8Quantizer(Quantizer):
+class INT8Quantizer(ConfiguredQuantizer):
     """int8 weights; W8A8 through ``torch._int_mm`` where the platform has int8 dot products."""
 
     name = "int8"
+    quant_method = "int8"
+    compressed_tensors_formats = INT_FORMATS
 
     def __init__(self, scheme: Int8Scheme | None = None) -> None:
         self.scheme = scheme or Int8Scheme()
 
     @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 for ``quant_method: int8`` or a compressed-tensors ``int-quantized`` config."""
-        if declared_method(hf_config.get("quantization_config")) == "int8":
-            return 1.0
-        return 1.0 if compressed_tensors_format(hf_config) in INT_FORMATS else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> INT8Quantizer:
-        """Parse W8A8 vs W8A16 and the modules left in full precision."""
-        return cls(Int8Scheme.from_hf_config(hf_config))
+    def parse_settings(cls, hf_config: Mapping[str, Any], model_path: str) -> Int8Scheme:
+        """W8A8 vs W8A16 and the modules left in full precision."""
+        return Int8Scheme.from_hf_config(hf_config)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """W8A8: ``_int_mm`` then the exact torch emulation; W8A16: the weight-only torch kernel."""
@@ -77,9 +71,5 @@ class INT8Quantizer(Quantizer):
         """W8A8 or W8A16, and the config it came from."""
         return self.scheme.describe()
 
-    @classmethod
-    @functools.wraps(int8_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as int8 (see ``int8_checkpoint.quantize_checkpoint``)."""
-        return int8_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(int8_checkpoint.quantize_checkpoint)
 
