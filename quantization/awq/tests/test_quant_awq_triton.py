@@ -14,36 +14,30 @@ from tokenmill_quant_awq.quantize import quantize_awq
 from tokenmill_quant_awq.quantizer import AWQQuantizer
 from tokenmill_quant_awq.torch_kernel import AWQTorchKernel
 from tokenmill_quant_awq.triton_kernel import AWQTritonKernel
-from tokenmill_testkit.kernel_comparison import (
-    TRITON_DEVICE,
-    assert_matches_reference,
-    loaded_layers,
-    require_compiled_triton,
-    require_triton_device,
-)
+from tokenmill_testkit import kernel_comparison as comparison
 
 TRITON_CAPS = PlatformCapabilities(families=("triton",))
 
 
 def _layers(group_size: int, in_features: int, sizes: tuple[int, ...], dtype: torch.dtype, bias: bool = False,
-            device: str = TRITON_DEVICE) -> list[Linear]:
+            device: str = comparison.TRITON_DEVICE) -> list[Linear]:
     """The same AWQ checkpoint loaded into a Triton layer and a torch-reference layer."""
     spec = LinearSpec("model.layers.0.mlp.gate_up_proj", in_features, sum(sizes), sizes, bias,
                       str(dtype).removeprefix("torch."))
     shards = [quantize_awq(torch.randn(size, in_features) * 0.1, group_size).state_dict("x") for size in sizes]
     bias_values = torch.randn(sum(sizes)).to(dtype) if bias else None
-    return loaded_layers(Linear, spec, AWQQuantizer(AWQConfig(group_size=group_size)),
-                         (AWQTritonKernel(), AWQTorchKernel()), shards, bias_values, device)
+    return comparison.loaded_layers(Linear, spec, AWQQuantizer(AWQConfig(group_size=group_size)),
+                                    (AWQTritonKernel(), AWQTorchKernel()), shards, bias_values, device)
 
 
 def _assert_matches_reference(triton_layer: Linear, reference: Linear, rows: int, dtype: torch.dtype) -> None:
     x = torch.randn(rows, triton_layer.spec.in_features, device=triton_layer.qweight.device).to(dtype)
-    assert_matches_reference(triton_layer(x), reference(x), dtype)
+    comparison.assert_matches_reference(triton_layer(x), reference(x), dtype)
 
 
 @pytest.fixture(autouse=True)
 def _triton_device():
-    require_triton_device()
+    comparison.require_triton_device()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
@@ -86,5 +80,5 @@ def test_kernel_order_and_platform_verdicts():
 @pytest.mark.parametrize("rows", [1, 16, 100, 512])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_gpu_large_layers(rows, dtype):
-    require_compiled_triton()
+    comparison.require_compiled_triton()
     _assert_matches_reference(*_layers(128, 2048, (4096, 4096), dtype, bias=True, device="cuda"), rows, dtype)

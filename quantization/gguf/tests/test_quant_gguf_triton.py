@@ -19,15 +19,14 @@ from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 from tokenmill_quant_gguf.triton_kernel import GGUFPackedTritonKernel
-from tokenmill_testkit.kernel_comparison import (
-    TRITON_DEVICE as DEVICE,
-)
+from tokenmill_testkit import kernel_comparison as comparison
 from tokenmill_testkit.kernel_comparison import (
     assert_matches_reference,
     require_compiled_triton,
     require_triton_device,
 )
 
+DEVICE = comparison.TRITON_DEVICE
 TRITON_CAPS = PlatformCapabilities(families=("triton",))
 T = gguf.GGMLQuantizationType
 

@@ -14,19 +14,13 @@ from tokenmill_quant_gptq.quantize import quantize_gptq
 from tokenmill_quant_gptq.quantizer import GPTQQuantizer
 from tokenmill_quant_gptq.torch_kernel import GPTQTorchKernel
 from tokenmill_quant_gptq.triton_kernel import GPTQTritonKernel
-from tokenmill_testkit.kernel_comparison import (
-    TRITON_DEVICE,
-    assert_matches_reference,
-    loaded_layers,
-    require_compiled_triton,
-    require_triton_device,
-)
+from tokenmill_testkit import kernel_comparison as comparison
 
 TRITON_CAPS = PlatformCapabilities(families=("triton",))
 
 
 def _layers(config: GPTQConfig, in_features: int, sizes: tuple[int, ...], dtype: torch.dtype, bias: bool = False,
-            device: str = TRITON_DEVICE) -> list[Linear]:
+            device: str = comparison.TRITON_DEVICE) -> list[Linear]:
     """The same GPTQ checkpoint loaded into a Triton layer and a torch-reference layer."""
     spec = LinearSpec("model.layers.0.self_attn.qkv_proj", in_features, sum(sizes), sizes, bias,
                       str(dtype).removeprefix("torch."))
@@ -34,18 +28,18 @@ def _layers(config: GPTQConfig, in_features: int, sizes: tuple[int, ...], dtype:
     shards = [quantize_gptq(torch.randn(size, in_features) * 0.1, config.bits, config.group_size, config.sym, perm,
                             config.zero_offset).state_dict("x") for size in sizes]
     bias_values = torch.randn(sum(sizes)).to(dtype) if bias else None
-    return loaded_layers(Linear, spec, GPTQQuantizer(config), (GPTQTritonKernel(), GPTQTorchKernel()), shards,
-                         bias_values, device)
+    kernels = (GPTQTritonKernel(), GPTQTorchKernel())
+    return comparison.loaded_layers(Linear, spec, GPTQQuantizer(config), kernels, shards, bias_values, device)
 
 
 def _assert_matches_reference(triton_layer: Linear, reference: Linear, rows: int, dtype: torch.dtype) -> None:
     x = torch.randn(rows, triton_layer.spec.in_features, device=triton_layer.qweight.device).to(dtype)
-    assert_matches_reference(triton_layer(x), reference(x), dtype)
+    comparison.assert_matches_reference(triton_layer(x), reference(x), dtype)
 
 
 @pytest.fixture(autouse=True)
 def _triton_device():
-    require_triton_device()
+    comparison.require_triton_device()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
@@ -110,6 +104,6 @@ def test_compiled_mode_refuses_cpu_tensors(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("desc_act", [False, True])
 def test_gpu_large_layers(rows, dtype, desc_act):
-    require_compiled_triton()
+    comparison.require_compiled_triton()
     config = GPTQConfig(bits=4, group_size=128, desc_act=desc_act, sym=not desc_act)
     _assert_matches_reference(*_layers(config, 2048, (2048, 512, 512), dtype, bias=True, device="cuda"), rows, dtype)

@@ -25,10 +25,14 @@ LINEAR_TARGET = "Linear"
 
 
 def compressed_tensors_format(hf_config: Mapping[str, Any]) -> str | None:
-    """The checkpoint's compressed-tensors format ("pack-quantized", ...), or None if it is not a
-    compressed-tensors checkpoint. A "mixed-precision" top level defers to the groups' format when
-    they all share one."""
-    config = hf_config.get("quantization_config")
+    """The compressed-tensors format ("pack-quantized", ...) of the checkpoint whose ``config.json``
+    is ``hf_config``, or None if it is not a compressed-tensors checkpoint."""
+    return config_format(hf_config.get("quantization_config"))
+
+
+def config_format(config: Mapping[str, Any] | None) -> str | None:
+    """The format a compressed-tensors ``quantization_config`` declares, or None for any other
+    config. A "mixed-precision" top level defers to the groups' format when they all share one."""
     if not isinstance(config, Mapping) or config.get("quant_method") != QUANT_METHOD:
         return None
     top_level = config.get("format")

@@ -3,8 +3,9 @@ plugins: ``y [M, N] = x [M, K] @ W [K, N]`` where each kernel only says how a ``
 tile of ``W`` is decoded from its packed format.
 
 Grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))``: a program owns one ``BLOCK_M x BLOCK_N`` tile of
-``y`` (``output_tile``), walks ``K`` in ``BLOCK_K`` steps loading activations (``load_activations``),
-accumulates in float32 (``accumulate``) and stores once (``store_output``). ``x`` rows are
+``y`` (``output_tile``, with its zeroed float32 accumulator), walks ``K`` in ``BLOCK_K`` steps
+(``reduction_step``: offsets, masks and the activation tile), accumulates (``accumulate``) and stores
+once (``store_output``). ``x`` rows are
 contiguous (stride 1 along ``K``) and so are ``y``'s. Importing this module imports triton, so
 ``TRITON_INTERPRET`` must be set before the first import (tests on the CPU).
 """
@@ -19,27 +20,23 @@ import triton.language as tl
 
 @triton.jit
 def output_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's row and column offsets into ``y`` and their in-bounds masks:
-    ``(offs_m, offs_n, m_mask, n_mask)``."""
+    """This program's row and column offsets into ``y``, their in-bounds masks and a zeroed float32
+    accumulator: ``(offs_m, offs_n, m_mask, n_mask, acc)``."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return offs_m, offs_n, offs_m < M, offs_n < N
+    return offs_m, offs_n, offs_m < M, offs_n < N, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
-def reduction_step(k_start, K, n_mask, BLOCK_K: tl.constexpr):
-    """Offsets of the ``BLOCK_K`` inputs from ``k_start``, their mask, and the ``[BLOCK_K, BLOCK_N]``
-    mask of the weight tile: ``(offs_k, k_mask, kn_mask)``."""
+def reduction_step(x_ptr, stride_xm, offs_m, m_mask, n_mask, k_start, K, BLOCK_K: tl.constexpr):
+    """The ``BLOCK_K`` inputs from ``k_start``: their offsets, their mask, the ``[BLOCK_K, BLOCK_N]``
+    mask of the weight tile and the ``[BLOCK_M, BLOCK_K]`` activation tile (zero outside ``x``):
+    ``(offs_k, k_mask, kn_mask, x)``."""
     offs_k = k_start + tl.arange(0, BLOCK_K)
     k_mask = offs_k < K
-    return offs_k, k_mask, k_mask[:, None] & n_mask[None, :]
-
-
-@triton.jit
-def load_activations(x_ptr, stride_xm, offs_m, offs_k, m_mask, k_mask):
-    """The ``[BLOCK_M, BLOCK_K]`` activation tile, zero outside ``x``."""
-    return tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                   other=0.0)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                other=0.0)
+    return offs_k, k_mask, k_mask[:, None] & n_mask[None, :], x
 
 
 @triton.jit

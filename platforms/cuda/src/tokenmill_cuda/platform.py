@@ -19,10 +19,7 @@ class CudaPlatform(TorchDevicePlatform):
     name = "cuda"
     device_type = "cuda"
     runtime_label = "CUDA"
-
-    def __init__(self, device_index: int = 0) -> None:
-        super().__init__(device_index)
-        self._graph_pool: Any = None
+    _graph_pool: Any = None  # the memory pool every graph of this instance shares, made with the first
 
     @classmethod
     def probe(cls) -> ProbeResult:

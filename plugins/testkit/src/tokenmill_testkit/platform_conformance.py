@@ -20,15 +20,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tokenmill.plugin_api import (
-    DeviceInfo,
-    Fp8Format,
-    MemoryInfo,
-    Platform,
-    PlatformCapabilities,
-    ProbeResult,
-    is_compatible,
-)
+from tokenmill.plugin_api import DeviceInfo, Fp8Format, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
+from tokenmill.plugin_api.version import is_compatible
 from tokenmill_testkit.side_effects import ProcessSnapshot
 
 SAMPLE_CONFIG: Mapping[str, Any] = types.MappingProxyType({

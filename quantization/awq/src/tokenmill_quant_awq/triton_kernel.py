@@ -21,10 +21,7 @@ class AWQTritonKernel(QuantKernel):
     @classmethod
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
         """Needs a device Triton compiles for and a float compute dtype."""
-        reason = tile_kernel_unavailable(device_type, caps, spec.dtype)
-        if reason is not None:
-            return reason
-        return None
+        return tile_kernel_unavailable(device_type, caps, spec.dtype)
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W + bias`` in one kernel launch."""

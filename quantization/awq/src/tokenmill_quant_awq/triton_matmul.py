@@ -23,32 +23,16 @@ from tokenmill.plugin_api.triton import is_interpreted, refuse_cpu_tensors
 
 @triton.jit
 def _awq_matmul_kernel(
-    x_ptr,
-    qweight_ptr,
-    qzeros_ptr,
-    scales_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    group_size,
-    stride_xm,
-    stride_qk,
-    stride_zg,
-    stride_sg,
-    stride_om,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, M, N, K, group_size, stride_xm, stride_qk, stride_zg,
+    stride_sg, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
 ):
-    offs_m, offs_n, m_mask, n_mask = triton_tiles.output_tile(M, N, BLOCK_M, BLOCK_N)
+    offs_m, offs_n, m_mask, n_mask, acc = triton_tiles.output_tile(M, N, BLOCK_M, BLOCK_N)
     shift = ((offs_n % 8) // 2 + 4 * (offs_n % 2)) * 4
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k_start in range(0, K, BLOCK_K):
-        offs_k, k_mask, kn_mask = triton_tiles.reduction_step(k_start, K, n_mask, BLOCK_K)
-        x = triton_tiles.load_activations(x_ptr, stride_xm, offs_m, offs_k, m_mask, k_mask)
+        offs_k, k_mask, kn_mask, x = triton_tiles.reduction_step(x_ptr, stride_xm, offs_m, m_mask, n_mask, k_start, K,
+                                                                 BLOCK_K)
         words = tl.load(qweight_ptr + offs_k[:, None] * stride_qk + (offs_n // 8)[None, :], mask=kn_mask, other=0)
         q = (words >> shift[None, :]) & 0xF
         group = offs_k // group_size

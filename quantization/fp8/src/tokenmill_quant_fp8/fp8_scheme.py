@@ -13,12 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.plugin_api.compressed_tensors import (
-    LINEAR_TARGET,
-    compressed_tensors_format,
-    module_matches,
-    single_config_group,
-)
+from tokenmill.plugin_api.compressed_tensors import LINEAR_TARGET, config_format, module_matches, single_config_group
 from tokenmill.plugin_api.quantization_config import declared_method
 
 FLOAT_QUANTIZED = "float-quantized"
@@ -35,18 +30,15 @@ class FP8Scheme:
     source: str = "fp8"
 
     @classmethod
-    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> FP8Scheme:
-        """Parse either config shape; ``ValueError`` says what is unsupported."""
-        config = hf_config.get("quantization_config")
-        if not isinstance(config, Mapping):
-            raise ValueError("the checkpoint has no quantization_config")
+    def from_dict(cls, config: Mapping[str, Any]) -> FP8Scheme:
+        """Parse either shape of ``quantization_config``; ``ValueError`` says what is unsupported."""
         if declared_method(config) == "fp8":
             block = config.get("weight_block_size")
             ignore = tuple(config.get("modules_to_not_convert") or config.get("ignored_layers") or ()) + ("lm_head",)
             if block is None:
                 return cls(ignore=ignore)
             return cls(block=_block(block), scale_name="weight_scale_inv", ignore=ignore)
-        if compressed_tensors_format(hf_config) == FLOAT_QUANTIZED:
+        if config_format(config) == FLOAT_QUANTIZED:
             return cls._from_compressed_tensors(config)
         raise ValueError("not an fp8 checkpoint (quant_method fp8 or compressed-tensors float-quantized)")
 

@@ -16,7 +16,6 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -40,14 +39,10 @@ class FP8Quantizer(ConfiguredQuantizer):
     name = "fp8"
     quant_method = "fp8"
     compressed_tensors_formats = (FLOAT_QUANTIZED,)
+    settings_cls = FP8Scheme  # the scale granularity and the modules left in full precision
 
     def __init__(self, scheme: FP8Scheme | None = None) -> None:
         self.scheme = scheme or FP8Scheme()
-
-    @classmethod
-    def parse_settings(cls, hf_config: Mapping[str, Any], model_path: str) -> FP8Scheme:
-        """The scale granularity and the modules left in full precision."""
-        return FP8Scheme.from_hf_config(hf_config)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """W8A8 (e4m3fn, then e4m3fnuz hardware), then the weight-only torch reference."""

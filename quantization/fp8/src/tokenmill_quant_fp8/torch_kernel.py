@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill.plugin_api import QuantKernel
 from tokenmill.plugin_api.tiled_matmul import TILE_ELEMENTS, tile_rows, tiled_matmul
 
 
@@ -30,11 +30,6 @@ class FP8TorchKernel(QuantKernel):
 
     name = "fp8-torch"
     tile_elements: ClassVar[int] = TILE_ELEMENTS
-
-    @classmethod
-    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
-        """Runs every layer the format accepts."""
-        return None
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` with ``W`` dequantized a tile of rows at a time."""

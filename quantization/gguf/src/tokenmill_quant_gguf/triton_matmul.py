@@ -32,31 +32,15 @@ SUPPORTED_TYPES = tuple(_LAYOUTS)
 
 @triton.jit
 def _gguf_matmul_kernel(
-    x_ptr,
-    bytes_ptr,
-    halves_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_row,
-    stride_om,
-    KIND: tl.constexpr,
-    TYPE_SIZE: tl.constexpr,
-    VALUES_AT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
+    x_ptr, bytes_ptr, halves_ptr, out_ptr, M, N, K, stride_xm, stride_row, stride_om,
+    KIND: tl.constexpr, TYPE_SIZE: tl.constexpr, VALUES_AT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
-    offs_m, offs_n, m_mask, n_mask = triton_tiles.output_tile(M, N, BLOCK_M, BLOCK_N)
+    offs_m, offs_n, m_mask, n_mask, acc = triton_tiles.output_tile(M, N, BLOCK_M, BLOCK_N)
     row_base = offs_n.to(tl.int64) * stride_row
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k_start in range(0, K, BLOCK_K):
-        offs_k, k_mask, kn_mask = triton_tiles.reduction_step(k_start, K, n_mask, BLOCK_K)
-        x = triton_tiles.load_activations(x_ptr, stride_xm, offs_m, offs_k, m_mask, k_mask)
+        offs_k, k_mask, kn_mask, x = triton_tiles.reduction_step(x_ptr, stride_xm, offs_m, m_mask, n_mask, k_start, K,
+                                                                 BLOCK_K)
         block_base = row_base[None, :] + ((offs_k // 32) * TYPE_SIZE)[:, None]  # [BLOCK_K, BLOCK_N] bytes
         j = offs_k % 32
         d = tl.load(halves_ptr + block_base // 2, mask=kn_mask, other=0.0).to(tl.float32)

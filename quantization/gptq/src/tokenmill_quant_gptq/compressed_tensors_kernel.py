@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill.plugin_api import QuantKernel
 from tokenmill.plugin_api.tiled_matmul import TILE_ELEMENTS, tile_rows, tiled_matmul
 from tokenmill_quant_gptq.bitpack import packed_length, unpack_bits
 
@@ -37,11 +37,6 @@ class CompressedTensorsPackTorchKernel(QuantKernel):
 
     name = "compressed-tensors-pack-torch"
     tile_elements: ClassVar[int] = TILE_ELEMENTS
-
-    @classmethod
-    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
-        """Runs every layer the format accepts."""
-        return None
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias``."""

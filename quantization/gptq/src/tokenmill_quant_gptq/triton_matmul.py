@@ -24,36 +24,18 @@ from tokenmill.plugin_api.triton import is_interpreted, refuse_cpu_tensors
 
 @triton.jit
 def _gptq_matmul_kernel(
-    x_ptr,
-    qweight_ptr,
-    qzeros_ptr,
-    scales_ptr,
-    g_idx_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_qk,
-    stride_zg,
-    stride_sg,
-    stride_om,
-    BITS: tl.constexpr,
-    ZERO_OFFSET: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
+    x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_zg,
+    stride_sg, stride_om,
+    BITS: tl.constexpr, ZERO_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     PER_WORD: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
-    offs_m, offs_n, m_mask, n_mask = triton_tiles.output_tile(M, N, BLOCK_M, BLOCK_N)
+    offs_m, offs_n, m_mask, n_mask, acc = triton_tiles.output_tile(M, N, BLOCK_M, BLOCK_N)
     zero_shift = (offs_n % PER_WORD) * BITS
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k_start in range(0, K, BLOCK_K):
-        offs_k, k_mask, kn_mask = triton_tiles.reduction_step(k_start, K, n_mask, BLOCK_K)
-        x = triton_tiles.load_activations(x_ptr, stride_xm, offs_m, offs_k, m_mask, k_mask)
+        offs_k, k_mask, kn_mask, x = triton_tiles.reduction_step(x_ptr, stride_xm, offs_m, m_mask, n_mask, k_start, K,
+                                                                 BLOCK_K)
         words = tl.load(qweight_ptr + (offs_k // PER_WORD)[:, None] * stride_qk + offs_n[None, :], mask=kn_mask,
                         other=0)
         q = (words >> ((offs_k % PER_WORD) * BITS)[:, None]) & MASK

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.plugin_api.compressed_tensors import compressed_tensors_format, module_matches, single_config_group
+from tokenmill.plugin_api.compressed_tensors import config_format, module_matches, single_config_group
 from tokenmill.plugin_api.quantization_config import declared_method
 
 INT_FORMATS = ("int-quantized", "naive-quantized")
@@ -32,18 +32,15 @@ class Int8Scheme:
     source: str = "int8"
 
     @classmethod
-    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> Int8Scheme:
-        """Parse either config shape; ``ValueError`` says what is unsupported."""
-        config = hf_config.get("quantization_config")
-        if not isinstance(config, Mapping):
-            raise ValueError("the checkpoint has no quantization_config")
+    def from_dict(cls, config: Mapping[str, Any]) -> Int8Scheme:
+        """Parse either shape of ``quantization_config``; ``ValueError`` says what is unsupported."""
         if declared_method(config) == "int8":
             activations = config.get("activations", "dynamic")
             if activations not in ACTIVATIONS:
                 raise ValueError(f"int8 activations={activations!r} must be one of {ACTIVATIONS}")
             ignore = tuple(config.get("modules_to_not_convert") or ()) + ("lm_head",)
             return cls(w8a8=activations == "dynamic", ignore=ignore)
-        if compressed_tensors_format(hf_config) in INT_FORMATS:
+        if config_format(config) in INT_FORMATS:
             return cls._from_compressed_tensors(config)
         raise ValueError("not an int8 checkpoint (quant_method int8 or compressed-tensors int-quantized)")
 

@@ -13,7 +13,6 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -36,14 +35,10 @@ class INT8Quantizer(ConfiguredQuantizer):
     name = "int8"
     quant_method = "int8"
     compressed_tensors_formats = INT_FORMATS
+    settings_cls = Int8Scheme  # W8A8 vs W8A16 and the modules left in full precision
 
     def __init__(self, scheme: Int8Scheme | None = None) -> None:
         self.scheme = scheme or Int8Scheme()
-
-    @classmethod
-    def parse_settings(cls, hf_config: Mapping[str, Any], model_path: str) -> Int8Scheme:
-        """W8A8 vs W8A16 and the modules left in full precision."""
-        return Int8Scheme.from_hf_config(hf_config)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """W8A8: ``_int_mm`` then the exact torch emulation; W8A16: the weight-only torch kernel."""
