@@ -53,14 +53,14 @@ def _layer(group_size=64, sizes=QKV, dtype="float32", bias=False):
     spec = LinearSpec("model.layers.0.self_attn.qkv_proj", IN, sum(sizes), sizes, bias, dtype)
     shards = [quantize_awq(torch.randn(size, IN) * 0.1, group_size) for size in sizes]
     (layer,) = loaded_layers(Linear, spec, AWQQuantizer(AWQConfig(group_size=group_size)), (AWQTorchKernel(),),
-                             [tensors.state_dict("x") for tensors in shards], None, "cpu")
+                             [tensors.state_dict("x") for tensors in shards], torch.randn(sum(sizes)) if bias else None,
+                             "cpu")
     return layer, torch.cat([tensors.dequantized for tensors in shards])
 
 
 @pytest.mark.parametrize("group_size", [32, 128, 256])
 def test_fused_layer_equals_float_matmul(group_size):
     layer, weight = _layer(group_size, bias=True)
-    layer.bias.copy_(torch.randn(sum(QKV)))
     x = torch.randn(2, 3, IN)
     torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), atol=1e-4, rtol=1e-4)
 

@@ -92,10 +92,7 @@ def test_kernel_order_and_verdicts(gguf_fixtures, rng):
     assert packed.kernels()[:3] == (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel)
     # only where a platform prefers them
     assert [k.name for k in packed.kernels()[3:]] == ["gguf-dequantized-onednn", "gguf-packed-cpu"]
-    cpu = GGUFPackedTritonKernel.supports(packed, QKV, "cpu", caps)
-    assert "interpreter" in cpu and "not for serving" in cpu
-    assert GGUFPackedTritonKernel.supports(packed, QKV, "cuda", caps) is None
-    assert "no backend for 'mps'" in GGUFPackedTritonKernel.supports(packed, QKV, "mps", PlatformCapabilities())
+    comparison.assert_triton_family_verdicts(GGUFPackedTritonKernel, packed, QKV)
     dequantize = GGUFQuantizer(packed._checkpoint.path, "dequantize")
     assert "pinned to dequantize" in GGUFPackedTritonKernel.supports(dequantize, QKV, "cuda", caps)
     k_quant = GGUFQuantizer(_smollm_like_file(gguf_fixtures, rng, v_type=T.Q5_0), "packed")

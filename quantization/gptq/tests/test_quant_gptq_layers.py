@@ -28,7 +28,8 @@ def _fused_layer(config: GPTQConfig, sizes=QKV, bias=False, act_order=True, dtyp
     shards = [quantize_gptq(torch.randn(size, IN) * 0.1, config.bits, config.group_size, config.sym, perm,
                             config.zero_offset) for size in sizes]
     (layer,) = loaded_layers(Linear, spec, GPTQQuantizer(config), (GPTQTorchKernel(),),
-                             [shard.state_dict("x") for shard in shards], None, "cpu")
+                             [shard.state_dict("x") for shard in shards], torch.randn(sum(sizes)) if bias else None,
+                             "cpu")
     return layer, torch.cat([shard.dequantized for shard in shards])
 
 
@@ -38,7 +39,6 @@ def _fused_layer(config: GPTQConfig, sizes=QKV, bias=False, act_order=True, dtyp
 def test_fused_layer_equals_float_matmul(bits, group_size, sym):
     config = GPTQConfig(bits=bits, group_size=group_size, sym=sym, desc_act=group_size == 32)
     layer, weight = _fused_layer(config, bias=True)
-    layer.bias.copy_(torch.randn(sum(QKV)))
     x = torch.randn(2, 5, IN)
     torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), atol=1e-4, rtol=1e-4)
 

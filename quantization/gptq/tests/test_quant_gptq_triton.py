@@ -32,11 +32,6 @@ def _layers(config: GPTQConfig, in_features: int, sizes: tuple[int, ...], dtype:
     return comparison.loaded_layers(Linear, spec, GPTQQuantizer(config), kernels, shards, bias_values, device)
 
 
-def _assert_matches_reference(triton_layer: Linear, reference: Linear, rows: int, dtype: torch.dtype) -> None:
-    x = torch.randn(rows, triton_layer.spec.in_features, device=triton_layer.qweight.device).to(dtype)
-    comparison.assert_matches_reference(triton_layer(x), reference(x), dtype)
-
-
 @pytest.fixture(autouse=True)
 def _triton_device():
     comparison.require_triton_device()
@@ -47,25 +42,25 @@ def _triton_device():
 @pytest.mark.parametrize("desc_act", [False, True])
 def test_4bit_matches_the_torch_reference(rows, sym, desc_act):
     config = GPTQConfig(bits=4, group_size=32, sym=sym, desc_act=desc_act)
-    _assert_matches_reference(*_layers(config, 128, (96,), torch.float32), rows, torch.float32)
+    comparison.assert_layers_agree(*_layers(config, 128, (96,), torch.float32), rows, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_activations(dtype):
     config = GPTQConfig(bits=4, group_size=64, desc_act=True)
-    _assert_matches_reference(*_layers(config, 128, (64,), dtype), 5, dtype)
+    comparison.assert_layers_agree(*_layers(config, 128, (64,), dtype), 5, dtype)
 
 
 @pytest.mark.parametrize("bits, group_size", [(8, 32), (2, -1)])
 def test_other_bit_widths(bits, group_size):
-    _assert_matches_reference(*_layers(GPTQConfig(bits=bits, group_size=group_size), 128, (64,), torch.float32),
+    comparison.assert_layers_agree(*_layers(GPTQConfig(bits=bits, group_size=group_size), 128, (64,), torch.float32),
                               5, torch.float32)
 
 
 def test_v2_zeros_fused_shards_and_bias():
     """Ragged output tiles (96 + 32 + 40 columns), zeros stored as they are, and a bias."""
     config = GPTQConfig(bits=4, group_size=64, sym=False, zero_offset=0)
-    _assert_matches_reference(*_layers(config, 128, (96, 32, 40), torch.float32, bias=True), 33, torch.float32)
+    comparison.assert_layers_agree(*_layers(config, 128, (96, 32, 40), torch.float32, bias=True), 33, torch.float32)
 
 
 def test_leading_dimensions_and_empty_input():
@@ -79,11 +74,8 @@ def test_kernel_order_and_platform_verdicts():
     quantizer = GPTQQuantizer(GPTQConfig(bits=4))
     assert quantizer.kernels() == (GPTQTritonKernel, GPTQTorchKernel)
     spec = LinearSpec("model.layers.0.mlp.down_proj", 256, 128, (128,), False, "float16")
-    cpu = GPTQTritonKernel.supports(quantizer, spec, "cpu", TRITON_CAPS)
-    assert "interpreter" in cpu and "not for serving" in cpu
-    assert GPTQTritonKernel.supports(quantizer, spec, "cuda", TRITON_CAPS) is None
+    comparison.assert_triton_family_verdicts(GPTQTritonKernel, quantizer, spec)
     assert GPTQTritonKernel.supports(quantizer, spec, "npu", TRITON_CAPS) is None
-    assert "no backend for 'mps'" in GPTQTritonKernel.supports(quantizer, spec, "mps", PlatformCapabilities())
     three_bit = GPTQQuantizer(GPTQConfig(bits=3))
     assert "straddle" in GPTQTritonKernel.supports(three_bit, spec, "cuda", TRITON_CAPS)
     assert GPTQTorchKernel.supports(quantizer, spec, "cpu", PlatformCapabilities()) is None
@@ -106,4 +98,4 @@ def test_compiled_mode_refuses_cpu_tensors(monkeypatch):
 def test_gpu_large_layers(rows, dtype, desc_act):
     comparison.require_compiled_triton()
     config = GPTQConfig(bits=4, group_size=128, desc_act=desc_act, sym=not desc_act)
-    _assert_matches_reference(*_layers(config, 2048, (2048, 512, 512), dtype, bias=True, device="cuda"), rows, dtype)
+    comparison.assert_layers_agree(*_layers(config, 2048, (2048, 512, 512), dtype, bias=True, device="cuda"), rows, dtype)

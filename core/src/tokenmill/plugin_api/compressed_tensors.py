@@ -43,12 +43,13 @@ def config_format(config: Mapping[str, Any] | None) -> str | None:
     return formats.pop() if len(formats) == 1 else top_level
 
 
-def single_config_group(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The one config group of ``quantization_config`` ``config``; ``ValueError`` for any other count."""
+def single_config_group(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The one config group of ``quantization_config`` ``config`` and its ``weights`` settings ({} when
+    absent); ``ValueError`` for any other number of groups."""
     groups = [g for g in (config.get("config_groups") or {}).values() if isinstance(g, Mapping)]
     if len(groups) != 1:
         raise ValueError(f"compressed-tensors: {len(groups)} config groups; exactly one is supported")
-    return groups[0]
+    return groups[0], groups[0].get("weights") or {}
 
 
 def module_matches(module: str, patterns: tuple[str, ...]) -> bool:

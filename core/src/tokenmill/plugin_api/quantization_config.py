@@ -32,6 +32,14 @@ def declared_method(config: Mapping[str, Any] | None) -> str:
     return str(config.get("quant_method", "")).lower() if isinstance(config, Mapping) else ""
 
 
+def full_precision_modules(config: Mapping[str, Any], keys: tuple[str, ...] = ("modules_to_not_convert",),
+                           ) -> tuple[str, ...]:
+    """The modules a format's own config leaves unquantized: the first non-empty list among ``keys``,
+    plus ``lm_head``, which these configs never quantize."""
+    listed = next((config.get(key) for key in keys if config.get(key)), ())
+    return (*listed, "lm_head")
+
+
 def declares(hf_config: Mapping[str, Any], model_path: str, quant_method: str, side_file: str | None = None) -> bool:
     """Whether the checkpoint's quantization config (see ``read_quantization_config``) says
     ``quant_method``; an unreadable side file counts as no."""

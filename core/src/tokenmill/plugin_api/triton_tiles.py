@@ -17,6 +17,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from tokenmill.plugin_api.triton import refuse_cpu_tensors
+
 
 @triton.jit
 def output_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -40,6 +42,15 @@ def reduction_step(x_ptr, stride_xm, offs_m, m_mask, n_mask, k_start, K, BLOCK_K
 
 
 @triton.jit
+def grouped_affine_weights(q, zeros, scales_ptr, stride_sg, group, offs_n, kn_mask, x):
+    """The weight tile ``(q - zero) * scale`` rounded to ``x``'s dtype (as torch references round),
+    with each input row's scales read from row ``group`` of ``scales`` (``[groups, N]``)."""
+    scales = tl.load(scales_ptr + group[:, None] * stride_sg + offs_n[None, :], mask=kn_mask, other=0.0)
+    scales = scales.to(x.dtype).to(tl.float32)
+    return ((q - zeros).to(tl.float32) * scales).to(x.dtype)
+
+
+@triton.jit
 def accumulate(acc, x, w, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """``acc + x @ w`` in float32; ``w`` is already rounded to ``x``'s dtype."""
     if DOT_IN_FP32:
@@ -55,6 +66,15 @@ def store_output(out_ptr, stride_om, acc, offs_m, offs_n, m_mask, n_mask):
     """Store the accumulated tile into ``y`` in ``y``'s dtype, masked to its bounds."""
     out_mask = m_mask[:, None] & n_mask[None, :]
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def launch_buffers(x: Any, out_features: int, kernel_name: str, interpreted: bool) -> tuple[Any, Any]:
+    """``x`` [M, K] made contiguous and an empty ``[M, out_features]`` output in its dtype on its
+    device, for a kernel named ``kernel_name``; a compiled (not ``interpreted``) kernel refuses CPU
+    tensors first (``refuse_cpu_tensors``)."""
+    refuse_cpu_tensors(x, kernel_name, interpreted)
+    x = x.contiguous()
+    return x, x.new_empty(x.shape[0], out_features)
 
 
 def tile_sizes(rows: int) -> tuple[int, int, int]:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from tokenmill.plugin_api.triton import interpreter_enabled
+from tokenmill.plugin_api import PlatformCapabilities
+from tokenmill.plugin_api.triton import TRITON_FAMILY, interpreter_enabled
 
 INTERPRETED = interpreter_enabled()
 TRITON_DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -36,6 +37,25 @@ def assert_matches_reference(got: torch.Tensor, want: torch.Tensor, dtype: torch
     assert got.dtype == dtype and got.shape == want.shape
     tol = KERNEL_TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol * want.float().abs().max().item(), rtol=tol)
+
+
+def assert_layers_agree(layer: Any, reference: Any, rows: int, dtype: torch.dtype) -> None:
+    """``layer`` and ``reference`` (loaded with the same checkpoint) give the same output, within
+    ``KERNEL_TOLERANCE``, for ``rows`` random activations in ``dtype`` on ``layer``'s device."""
+    x = torch.randn(rows, layer.spec.in_features, device=next(layer.parameters()).device).to(dtype)
+    assert_matches_reference(layer(x), reference(x), dtype)
+
+
+def assert_triton_family_verdicts(kernel_cls: Any, quantizer: Any, spec: Any) -> None:
+    """``kernel_cls.supports`` follows ``tokenmill.plugin_api.triton``: refused on the CPU (interpreter
+    only), accepted on a device of a ``"triton"``-family platform, refused (naming the family) on a
+    platform without it, whatever its device type."""
+    triton_caps, plain_caps = PlatformCapabilities(families=(TRITON_FAMILY,)), PlatformCapabilities()
+    cpu = kernel_cls.supports(quantizer, spec, "cpu", triton_caps)
+    assert "interpreter" in cpu and "not for serving" in cpu
+    assert kernel_cls.supports(quantizer, spec, "cuda", triton_caps) is None
+    assert "no backend for 'mps'" in kernel_cls.supports(quantizer, spec, "mps", plain_caps)
+    assert "'triton' family" in kernel_cls.supports(quantizer, spec, "cuda", plain_caps)
 
 
 def loaded_layers(layer_cls: Any, spec: Any, quantizer: Any, kernels: Iterable[Any],

@@ -5,10 +5,7 @@ and walks the input dimension ``BLOCK_K`` rows at a time. Row ``k``, column ``n`
 nibble ``UNPACK_ORDER[n % 8] = (n % 8) // 2 + 4 * (n % 2)`` of ``qweight[k, n // 8]`` (the GEMM
 layout's interleave); its zero point is the same nibble of ``qzeros[k // group_size, n // 8]``.
 ``(q - zero) * scale`` is rounded to the activation dtype (as the torch reference does) and
-multiplied into an fp32 accumulator (the tile scaffolding is ``tokenmill.plugin_api.triton_tiles``).
-
-Importing this module imports triton and decorates the kernel, so ``TRITON_INTERPRET`` must be set
-before the first import (tests on the CPU); ``AWQTritonKernel`` imports it on first use.
+multiplied into an fp32 accumulator (the tile scaffolding is ``tokenmill.plugin_api.triton_tiles``). ``AWQTritonKernel`` imports this module (and so triton) on first use.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tokenmill.plugin_api import triton_tiles
-from tokenmill.plugin_api.triton import is_interpreted, refuse_cpu_tensors
+from tokenmill.plugin_api.triton import is_interpreted
 
 
 @triton.jit
@@ -38,9 +35,7 @@ def _awq_matmul_kernel(
         group = offs_k // group_size
         zero_words = tl.load(qzeros_ptr + group[:, None] * stride_zg + (offs_n // 8)[None, :], mask=kn_mask, other=0)
         zeros = (zero_words >> shift[None, :]) & 0xF
-        scales = tl.load(scales_ptr + group[:, None] * stride_sg + offs_n[None, :], mask=kn_mask, other=0.0)
-        scales = scales.to(x.dtype).to(tl.float32)
-        w = ((q - zeros).to(tl.float32) * scales).to(x.dtype)
+        w = triton_tiles.grouped_affine_weights(q, zeros, scales_ptr, stride_sg, group, offs_n, kn_mask, x)
         acc = triton_tiles.accumulate(acc, x, w, INPUT_PRECISION, DOT_IN_FP32)
     triton_tiles.store_output(out_ptr, stride_om, acc, offs_m, offs_n, m_mask, n_mask)
 
@@ -52,11 +47,8 @@ INTERPRETED = is_interpreted(_awq_matmul_kernel)
 def awq_matmul(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                group_size: int) -> torch.Tensor:
     """``x`` [M, K] times the AWQ weight [K, N] -> [M, N] in ``x``'s dtype."""
-    rows, in_features = x.shape
-    out_features = scales.shape[1]
-    refuse_cpu_tensors(x, "awq-triton kernel", INTERPRETED)
-    x = x.contiguous()
-    out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
+    x, out = triton_tiles.launch_buffers(x, scales.shape[1], "awq-triton kernel", INTERPRETED)
+    (rows, in_features), out_features = x.shape, out.shape[1]
     if rows == 0:
         return out
     _awq_matmul_kernel[triton_tiles.grid(rows, out_features)](

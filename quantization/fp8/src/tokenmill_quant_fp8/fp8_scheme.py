@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmill.plugin_api.compressed_tensors import LINEAR_TARGET, config_format, module_matches, single_config_group
-from tokenmill.plugin_api.quantization_config import declared_method
+from tokenmill.plugin_api.quantization_config import declared_method, full_precision_modules
 
 FLOAT_QUANTIZED = "float-quantized"
 
@@ -34,7 +34,7 @@ class FP8Scheme:
         """Parse either shape of ``quantization_config``; ``ValueError`` says what is unsupported."""
         if declared_method(config) == "fp8":
             block = config.get("weight_block_size")
-            ignore = tuple(config.get("modules_to_not_convert") or config.get("ignored_layers") or ()) + ("lm_head",)
+            ignore = full_precision_modules(config, ("modules_to_not_convert", "ignored_layers"))
             if block is None:
                 return cls(ignore=ignore)
             return cls(block=_block(block), scale_name="weight_scale_inv", ignore=ignore)
@@ -44,8 +44,7 @@ class FP8Scheme:
 
     @classmethod
     def _from_compressed_tensors(cls, config: Mapping[str, Any]) -> FP8Scheme:
-        group = single_config_group(config)
-        weights = group.get("weights") or {}
+        group, weights = single_config_group(config)
         if weights.get("type") != "float" or weights.get("num_bits") != 8:
             raise ValueError(f"compressed-tensors float-quantized weights must be 8-bit floats, got {dict(weights)}")
         strategy = weights.get("strategy")

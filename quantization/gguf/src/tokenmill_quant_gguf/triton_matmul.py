@@ -9,10 +9,7 @@ same bytes (every block size and field offset is even). Values: Q8_0 ``d * int8`
 ``d * (nibble - 8)``, Q4_1 ``d * nibble + m``, where value ``j < 16`` of a 4-bit block is the low
 nibble of its byte ``j`` and value ``j >= 16`` the high nibble of byte ``j - 16``. The tile is
 rounded to the activation dtype (as the torch reference does) and accumulated in fp32 (the tile
-scaffolding is ``tokenmill.plugin_api.triton_tiles``).
-
-Importing this module imports triton and decorates the kernel, so ``TRITON_INTERPRET`` must be set
-before the first import (tests on the CPU); ``GGUFPackedTritonKernel`` imports it on first use.
+scaffolding is ``tokenmill.plugin_api.triton_tiles``). ``GGUFPackedTritonKernel`` imports this module (and so triton) on first use.
 """
 
 from __future__ import annotations

@@ -29,8 +29,7 @@ class PackQuantizedScheme:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PackQuantizedScheme:
         """Validate; ``ValueError`` says which part of the config is unsupported."""
-        group = single_config_group(config)
-        weights = group.get("weights") or {}
+        group, weights = single_config_group(config)
         if group.get("input_activations"):
             raise ValueError("compressed-tensors pack-quantized with quantized activations is not supported")
         if weights.get("type", "int") != "int":

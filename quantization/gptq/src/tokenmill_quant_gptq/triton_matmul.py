@@ -6,10 +6,7 @@ and walks the input dimension ``BLOCK_K`` rows at a time: it loads the packed wo
 group through ``g_idx`` (act order needs no special case: every row looks its group up), loads
 that group's scale and packed zero point, and multiplies ``(q - zero) * scale`` (rounded to the
 activation dtype, as the torch reference does) into an fp32 accumulator (the tile scaffolding is
-``tokenmill.plugin_api.triton_tiles``).
-
-Importing this module imports triton and decorates the kernel, so ``TRITON_INTERPRET`` must be set
-before the first import (tests on the CPU); ``GPTQTritonKernel`` imports it on first use.
+``tokenmill.plugin_api.triton_tiles``). ``GPTQTritonKernel`` imports this module (and so triton) on first use.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import triton
 import triton.language as tl
 
 from tokenmill.plugin_api import triton_tiles
-from tokenmill.plugin_api.triton import is_interpreted, refuse_cpu_tensors
+from tokenmill.plugin_api.triton import is_interpreted
 
 
 @triton.jit
@@ -43,9 +40,7 @@ def _gptq_matmul_kernel(
         zero_words = tl.load(qzeros_ptr + group[:, None] * stride_zg + (offs_n // PER_WORD)[None, :], mask=kn_mask,
                              other=0)
         zeros = (((zero_words >> zero_shift[None, :]) & MASK) + ZERO_OFFSET) & MASK
-        scales = tl.load(scales_ptr + group[:, None] * stride_sg + offs_n[None, :], mask=kn_mask, other=0.0)
-        scales = scales.to(x.dtype).to(tl.float32)
-        w = ((q - zeros).to(tl.float32) * scales).to(x.dtype)
+        w = triton_tiles.grouped_affine_weights(q, zeros, scales_ptr, stride_sg, group, offs_n, kn_mask, x)
         acc = triton_tiles.accumulate(acc, x, w, INPUT_PRECISION, DOT_IN_FP32)
     triton_tiles.store_output(out_ptr, stride_om, acc, offs_m, offs_n, m_mask, n_mask)
 
@@ -57,11 +52,8 @@ INTERPRETED = is_interpreted(_gptq_matmul_kernel)
 def gptq_matmul(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                 g_idx: torch.Tensor, bits: int, zero_offset: int) -> torch.Tensor:
     """``x`` [M, K] times the GPTQ weight [K, N] -> [M, N] in ``x``'s dtype (``bits`` divides 32)."""
-    rows, in_features = x.shape
-    out_features = scales.shape[1]
-    refuse_cpu_tensors(x, "gptq-triton kernel", INTERPRETED)
-    x = x.contiguous()
-    out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
+    x, out = triton_tiles.launch_buffers(x, scales.shape[1], "gptq-triton kernel", INTERPRETED)
+    (rows, in_features), out_features = x.shape, out.shape[1]
     if rows == 0:
         return out
     _gptq_matmul_kernel[triton_tiles.grid(rows, out_features)](

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmill.plugin_api.compressed_tensors import config_format, module_matches, single_config_group
-from tokenmill.plugin_api.quantization_config import declared_method
+from tokenmill.plugin_api.quantization_config import declared_method, full_precision_modules
 
 INT_FORMATS = ("int-quantized", "naive-quantized")
 ACTIVATIONS = ("dynamic", "none")
@@ -38,16 +38,14 @@ class Int8Scheme:
             activations = config.get("activations", "dynamic")
             if activations not in ACTIVATIONS:
                 raise ValueError(f"int8 activations={activations!r} must be one of {ACTIVATIONS}")
-            ignore = tuple(config.get("modules_to_not_convert") or ()) + ("lm_head",)
-            return cls(w8a8=activations == "dynamic", ignore=ignore)
+            return cls(w8a8=activations == "dynamic", ignore=full_precision_modules(config))
         if config_format(config) in INT_FORMATS:
             return cls._from_compressed_tensors(config)
         raise ValueError("not an int8 checkpoint (quant_method int8 or compressed-tensors int-quantized)")
 
     @classmethod
     def _from_compressed_tensors(cls, config: Mapping[str, Any]) -> Int8Scheme:
-        group = single_config_group(config)
-        weights = group.get("weights") or {}
+        group, weights = single_config_group(config)
         if weights.get("type", "int") != "int" or weights.get("num_bits") != 8:
             raise ValueError(f"compressed-tensors int-quantized weights must be 8-bit integers, got {dict(weights)}")
         if not weights.get("symmetric", True):
