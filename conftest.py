@@ -201,6 +201,20 @@ class QuantizedCheckpoints:
         model, build = ModelHarness.load(directory, quantizer=quantizer, dtype=dtype)
         return ModelHarness.prefill_logits(model, tokens), build
 
+    def kernels_matching_transformers(self, quantize: Callable, quantization_config: dict, quantizer_cls,
+                                      tokens: list[int], prepare_reference: Callable | None = None) -> dict[str, int]:
+        """Write a checkpoint (see ``write``), load it with ``quantizer_cls.from_config`` and check that
+        tokenmill's prefill logits of ``tokens`` equal transformers' on the float weights it encodes
+        (after ``prepare_reference(model)``, e.g. to round activations as the kernels do); returns the
+        build's kernel summary."""
+        directory, reference = self.write(quantize, quantization_config)
+        quantizer = quantizer_cls.from_config(json.loads((directory / "config.json").read_text()), str(directory))
+        got, build = self.tokenmill_logits(directory, quantizer, tokens)
+        if prepare_reference is not None:
+            prepare_reference(reference)
+        torch.testing.assert_close(got, self.hf_logits(reference, tokens), atol=1e-4, rtol=1e-4)
+        return build.kernel_summary()
+
     @staticmethod
     def hf_logits(model, tokens: list[int]) -> torch.Tensor:
         with torch.inference_mode():

@@ -49,3 +49,13 @@ def test_missing_docstrings_are_listed(tmp_path):
         "core/src/tokenmill/plugin_api/thing.py:20: Thing.size has no docstring",
         "core/src/tokenmill/plugin_api/thing.py:27: class Naked has no docstring",
     ]
+
+
+def test_subpackages_of_the_plugin_api_are_checked(tmp_path):
+    package = tmp_path / "core/src/tokenmill/plugin_api/family"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('"""A family of helpers."""\n')
+    (package / "helper.py").write_text('"""A helper."""\n\ndef bare():\n    pass\n')
+    assert check_docstrings.violations(tmp_path) == [
+        "core/src/tokenmill/plugin_api/family/helper.py:3: function bare has no docstring",
+    ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from tokenmill.plugin_api import DeviceInfo, ProbeResult
 from tokenmill_cuda.platform import CudaPlatform
 
 
@@ -21,20 +23,15 @@ def test_rocm_build_of_torch_scores_zero(simulated_cuda):
     assert "torch built for ROCm" in result.reasons[0]
 
 
-def test_no_visible_device_scores_zero_and_names_the_mask(simulated_cuda, monkeypatch):
-    simulated_cuda.devices(0)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    result = CudaPlatform.probe()
-    assert result.score == 0
-    assert result.reasons == ("no CUDA device visible (CUDA_VISIBLE_DEVICES='')",)
-
-
-def test_devices_are_counted_without_initialising_cuda(simulated_cuda):
-    simulated_cuda.devices(2)
-    result = CudaPlatform.probe()
-    assert result.score == 100
-    assert result.reasons == ("CUDA 12.8 with 2 device(s)",)
-    assert [(d.index, d.name, d.total_memory) for d in result.devices] == [(0, "cuda:0", None), (1, "cuda:1", None)]
+@pytest.mark.parametrize("mask, count, expected", [
+    ("", 0, ProbeResult(0, ("no CUDA device visible (CUDA_VISIBLE_DEVICES='')",))),
+    ("0,1", 2, ProbeResult(100, ("CUDA 12.8 with 2 device(s)",), (DeviceInfo(0, "cuda:0"), DeviceInfo(1, "cuda:1")))),
+])
+def test_devices_are_counted_without_initialising_cuda(simulated_cuda, monkeypatch, mask, count, expected):
+    """A mask that hides every device is named; visible devices are listed by index alone."""
+    simulated_cuda.devices(count)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
+    assert CudaPlatform.probe() == expected
 
 
 def test_device_details_once_cuda_is_initialised(simulated_cuda):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenmill.plugin_api import DeviceInfo, ProbeResult
 from tokenmill_rocm.platform import RocmPlatform
 
 
@@ -22,16 +23,13 @@ def test_cuda_build_of_torch_scores_zero(simulated_rocm):
 def test_no_visible_gpu_names_the_visibility_variables(simulated_rocm, monkeypatch):
     simulated_rocm.devices(0)
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
-    result = RocmPlatform.probe()
-    assert result.score == 0
-    assert result.reasons == ("no ROCm GPU visible (HIP_VISIBLE_DEVICES='')",)
+    assert RocmPlatform.probe() == ProbeResult(0, ("no ROCm GPU visible (HIP_VISIBLE_DEVICES='')",))
 
 
 def test_gpus_are_counted_without_initialising_hip(simulated_rocm):
     simulated_rocm.devices(8)
-    result = RocmPlatform.probe()
-    assert result.score == 100 and result.reasons == ("ROCm (HIP 6.3.42131) with 8 device(s)",)
-    assert [d.name for d in result.devices] == [f"rocm:{i}" for i in range(8)]
+    devices = tuple(DeviceInfo(index, f"rocm:{index}") for index in range(8))
+    assert RocmPlatform.probe() == ProbeResult(100, ("ROCm (HIP 6.3.42131) with 8 device(s)",), devices)
 
 
 def test_device_details_once_hip_is_initialised(simulated_rocm):

@@ -9,44 +9,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tokenmill_testkit.simulated_device import SimulatedDeviceModule
 from tokenmill_xpu import ipex
 
 
-class SimulatedXpu:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.monkeypatch = monkeypatch
-        self.calls: list[tuple] = []
-        self.initialised = False
+class SimulatedXpu(SimulatedDeviceModule):
+    """Patches torch.version.xpu and torch.xpu so the platform sees ``count`` Intel GPUs."""
 
     def devices(self, count: int, name: str = "Intel(R) Data Center GPU Max 1550", xmx: bool = True,
                 bf16: bool = True, total: int = 64 << 30, free: int = 60 << 30) -> SimulatedXpu:
         self.monkeypatch.setattr(torch.version, "xpu", "20250101", raising=False)
-
-        def properties(index: int = 0) -> SimpleNamespace:
-            if not self.initialised:
-                raise AssertionError("get_device_properties initialises XPU; the probe must not call it")
-            return SimpleNamespace(name=name, total_memory=total, has_fp16=True, has_bfloat16_conversions=bf16,
-                                   has_subgroup_matrix_multiply_accumulate=xmx, is_integrated_gpu=False)
-
-        patches = {
-            "device_count": lambda: count,
-            "is_available": lambda: count > 0,
-            "is_initialized": lambda: self.initialised,
-            "get_device_properties": properties,
-            "get_device_name": lambda index=None: name,
-            "mem_get_info": lambda index=None: (free, total),
-            "set_device": lambda index: self._record("set_device", index),
-            "synchronize": lambda index=None: self._record("synchronize", index),
-            "manual_seed_all": lambda seed: self._record("manual_seed_all", seed),
-        }
-        for attribute, value in patches.items():
-            self.monkeypatch.setattr(torch.xpu, attribute, value)
+        properties = SimpleNamespace(name=name, total_memory=total, has_fp16=True, has_bfloat16_conversions=bf16,
+                                     has_subgroup_matrix_multiply_accumulate=xmx, is_integrated_gpu=False)
+        self.simulate(count, properties, free, total, is_available=lambda: count > 0,
+                      get_device_name=lambda index=None: name)
         return self
-
-    def _record(self, *call) -> None:
-        self.calls.append(call)
-        if call[0] == "set_device":
-            self.initialised = True
 
 
 class SimulatedIpex:
@@ -72,7 +49,7 @@ class SimulatedIpex:
 
 @pytest.fixture
 def simulated_xpu(monkeypatch: pytest.MonkeyPatch) -> SimulatedXpu:
-    return SimulatedXpu(monkeypatch)
+    return SimulatedXpu(monkeypatch, "xpu", "XPU")
 
 
 @pytest.fixture

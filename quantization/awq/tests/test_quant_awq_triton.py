@@ -4,8 +4,6 @@ shapes), on a GPU with larger ones."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -16,60 +14,41 @@ from tokenmill_quant_awq.quantize import quantize_awq
 from tokenmill_quant_awq.quantizer import AWQQuantizer
 from tokenmill_quant_awq.torch_kernel import AWQTorchKernel
 from tokenmill_quant_awq.triton_kernel import AWQTritonKernel
+from tokenmill_testkit import kernel_comparison as comparison
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-DEVICE = "cpu" if INTERPRETED else "cuda"
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+TRITON_CAPS = PlatformCapabilities(families=("triton",))
 
 
 def _layers(group_size: int, in_features: int, sizes: tuple[int, ...], dtype: torch.dtype, bias: bool = False,
-            device: str = DEVICE) -> tuple[Linear, Linear]:
+            device: str = comparison.TRITON_DEVICE) -> list[Linear]:
     """The same AWQ checkpoint loaded into a Triton layer and a torch-reference layer."""
     spec = LinearSpec("model.layers.0.mlp.gate_up_proj", in_features, sum(sizes), sizes, bias,
                       str(dtype).removeprefix("torch."))
-    shards = [quantize_awq(torch.randn(size, in_features) * 0.1, group_size) for size in sizes]
-    bias_values = torch.randn(sum(sizes)).to(dtype)
-    layers = []
-    for kernel in (AWQTritonKernel(), AWQTorchKernel()):
-        layer = Linear(spec, AWQQuantizer(AWQConfig(group_size=group_size)), kernel)
-        for index, shard in enumerate(shards):
-            for name, tensor in shard.state_dict("x").items():
-                layer.load_weight(name.removeprefix("x."), tensor, index if len(sizes) > 1 else None)
-        if bias:
-            layer.bias.copy_(bias_values)
-        layer.process_weights_after_loading()
-        layers.append(layer.to(device))
-    return layers[0], layers[1]
-
-
-def _assert_matches_reference(triton_layer: Linear, reference: Linear, rows: int, dtype: torch.dtype) -> None:
-    x = torch.randn(rows, triton_layer.spec.in_features, device=triton_layer.qweight.device).to(dtype)
-    got, want = triton_layer(x), reference(x)
-    assert got.dtype == dtype and got.shape == want.shape
-    tol = TOLERANCE[dtype]
-    torch.testing.assert_close(got.float(), want.float(), atol=tol * want.float().abs().max().item(), rtol=tol)
+    shards = [quantize_awq(torch.randn(size, in_features) * 0.1, group_size).state_dict("x") for size in sizes]
+    bias_values = torch.randn(sum(sizes)).to(dtype) if bias else None
+    return comparison.loaded_layers(Linear, spec, AWQQuantizer(AWQConfig(group_size=group_size)),
+                                    (AWQTritonKernel(), AWQTorchKernel()), shards, bias_values, device)
 
 
 @pytest.fixture(autouse=True)
 def _triton_device():
-    if not INTERPRETED and not torch.cuda.is_available():
-        pytest.skip("needs TRITON_INTERPRET=1 (set by conftest without a GPU) or a CUDA device")
+    comparison.require_triton_device()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_matches_the_torch_reference(rows, group_size):
-    _assert_matches_reference(*_layers(group_size, 128, (96,), torch.float32), rows, torch.float32)
+    comparison.assert_layers_agree(*_layers(group_size, 128, (96,), torch.float32), rows, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_activations(dtype):
-    _assert_matches_reference(*_layers(64, 128, (64,), dtype), 5, dtype)
+    comparison.assert_layers_agree(*_layers(64, 128, (64,), dtype), 5, dtype)
 
 
 def test_fused_shards_with_ragged_tiles_and_bias():
     """Shards of 96 + 40 columns: the second output tile is partly masked."""
-    _assert_matches_reference(*_layers(32, 128, (96, 40), torch.float32, bias=True), 33, torch.float32)
+    comparison.assert_layers_agree(*_layers(32, 128, (96, 40), torch.float32, bias=True), 33, torch.float32)
 
 
 def test_leading_dimensions_and_empty_input():
@@ -83,19 +62,14 @@ def test_kernel_order_and_platform_verdicts():
     quantizer = AWQQuantizer()
     assert quantizer.kernels() == (AWQTritonKernel, AWQTorchKernel)
     spec = LinearSpec("model.layers.0.mlp.down_proj", 256, 128, (128,), False, "bfloat16")
-    caps = PlatformCapabilities()
-    cpu = AWQTritonKernel.supports(quantizer, spec, "cpu", caps)
-    assert "interpreter" in cpu and "not for serving" in cpu
-    assert AWQTritonKernel.supports(quantizer, spec, "cuda", caps) is None
-    assert AWQTritonKernel.supports(quantizer, spec, "xpu", caps) is None
-    assert "no backend for 'mps'" in AWQTritonKernel.supports(quantizer, spec, "mps", caps)
-    assert AWQTorchKernel.supports(quantizer, spec, "cpu", caps) is None
+    comparison.assert_triton_family_verdicts(AWQTritonKernel, quantizer, spec)
+    assert AWQTritonKernel.supports(quantizer, spec, "xpu", TRITON_CAPS) is None
+    assert AWQTorchKernel.supports(quantizer, spec, "cpu", PlatformCapabilities()) is None
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 16, 100, 512])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_gpu_large_layers(rows, dtype):
-    if INTERPRETED or not torch.cuda.is_available():
-        pytest.skip("checks compiled kernels on a CUDA device")
-    _assert_matches_reference(*_layers(128, 2048, (4096, 4096), dtype, bias=True, device="cuda"), rows, dtype)
+    comparison.require_compiled_triton()
+    comparison.assert_layers_agree(*_layers(128, 2048, (4096, 4096), dtype, bias=True, device="cuda"), rows, dtype)

@@ -4,8 +4,6 @@ own float-quantized compression, the W8A8 kernels (run on the CPU, whose torch i
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -172,12 +170,8 @@ def test_tiny_llama_matches_transformers(checkpoints):
         tensors = quantize_fp8(weight, "tensor")
         return tensors.state_dict(name), tensors.dequantized
 
-    directory, reference = checkpoints.write(quantize, qc)
-    quantizer = FP8Quantizer.from_config(json.loads((directory / "config.json").read_text()), str(directory))
-    tokens = [11, 4, 87, 19, 2, 66, 5]
-    got, build = checkpoints.tokenmill_logits(directory, quantizer, tokens)
-    assert build.kernel_summary() == {"fp8-torch": 8, "torch-linear": 1}
-    torch.testing.assert_close(got, checkpoints.hf_logits(reference, tokens), atol=1e-4, rtol=1e-4)
+    kernels = checkpoints.kernels_matching_transformers(quantize, qc, FP8Quantizer, [11, 4, 87, 19, 2, 66, 5])
+    assert kernels == {"fp8-torch": 8, "torch-linear": 1}
 
 
 class TestFP8WeightOnlyConformance(QuantizerConformance):
@@ -185,10 +179,8 @@ class TestFP8WeightOnlyConformance(QuantizerConformance):
     hf_config = {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
 
 
-class TestFP8W8A8Conformance(QuantizerConformance):
+class TestFP8W8A8Conformance(TestFP8WeightOnlyConformance):
     """The W8A8 kernels against the weight-only reference: activation rounding bounds the agreement."""
 
-    quantizer_cls = FP8Quantizer
-    hf_config = {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
     capabilities = FP8_CAPS
     tolerances = {"float32": (0.0, 0.1), "bfloat16": (0.0, 0.1)}

@@ -5,7 +5,6 @@ larger ones."""
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import gguf
@@ -20,26 +19,27 @@ from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 from tokenmill_quant_gguf.triton_kernel import GGUFPackedTritonKernel
+from tokenmill_testkit import kernel_comparison as comparison
+from tokenmill_testkit.kernel_comparison import (
+    assert_matches_reference,
+    require_compiled_triton,
+    require_triton_device,
+)
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-DEVICE = "cpu" if INTERPRETED else "cuda"
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+DEVICE = comparison.TRITON_DEVICE
+TRITON_CAPS = PlatformCapabilities(families=("triton",))
 T = gguf.GGMLQuantizationType
 
 
 def _assert_matches_reference(layer: SimpleNamespace, in_features: int, rows: int, dtype: torch.dtype) -> None:
     x = torch.randn(rows, in_features, device=layer.qweight.device).to(dtype)
-    got = GGUFPackedTritonKernel().apply(layer, x, None)
     want = GGUFPackedTorchKernel().apply(layer, x, None)
-    assert got.dtype == dtype and got.shape == want.shape
-    tol = TOLERANCE[dtype]
-    torch.testing.assert_close(got.float(), want.float(), atol=tol * want.float().abs().max().item(), rtol=tol)
+    assert_matches_reference(GGUFPackedTritonKernel().apply(layer, x, None), want, dtype)
 
 
 @pytest.fixture(autouse=True)
 def _triton_device():
-    if not INTERPRETED and not torch.cuda.is_available():
-        pytest.skip("needs TRITON_INTERPRET=1 (set by conftest without a GPU) or a CUDA device")
+    require_triton_device()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
@@ -87,15 +87,12 @@ def test_real_file_through_the_quantizer(gguf_fixtures, rng):
 
 
 def test_kernel_order_and_verdicts(gguf_fixtures, rng):
-    caps = PlatformCapabilities()
+    caps = TRITON_CAPS
     packed = GGUFQuantizer(_smollm_like_file(gguf_fixtures, rng), "packed")
     assert packed.kernels()[:3] == (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel)
     # only where a platform prefers them
     assert [k.name for k in packed.kernels()[3:]] == ["gguf-dequantized-onednn", "gguf-packed-cpu"]
-    cpu = GGUFPackedTritonKernel.supports(packed, QKV, "cpu", caps)
-    assert "interpreter" in cpu and "not for serving" in cpu
-    assert GGUFPackedTritonKernel.supports(packed, QKV, "cuda", caps) is None
-    assert "no backend for 'mps'" in GGUFPackedTritonKernel.supports(packed, QKV, "mps", caps)
+    comparison.assert_triton_family_verdicts(GGUFPackedTritonKernel, packed, QKV)
     dequantize = GGUFQuantizer(packed._checkpoint.path, "dequantize")
     assert "pinned to dequantize" in GGUFPackedTritonKernel.supports(dequantize, QKV, "cuda", caps)
     k_quant = GGUFQuantizer(_smollm_like_file(gguf_fixtures, rng, v_type=T.Q5_0), "packed")
@@ -107,8 +104,7 @@ def test_kernel_order_and_verdicts(gguf_fixtures, rng):
 @pytest.mark.parametrize("rows", [1, 16, 100, 512])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_gpu_large_layers(rows, dtype, packed_layer):
-    if INTERPRETED or not torch.cuda.is_available():
-        pytest.skip("checks compiled kernels on a CUDA device")
+    require_compiled_triton()
     layer = packed_layer([(GGMLType.Q4_0, 2048), (GGMLType.Q8_0, 512), (GGMLType.Q4_1, 512)], 2048,
                           np.random.default_rng(0), device="cuda")
     _assert_matches_reference(layer, 2048, rows, dtype)

@@ -15,6 +15,7 @@ from tokenmill_quant_gptq.gptq_config import GPTQConfig
 from tokenmill_quant_gptq.quantize import quantize_gptq
 from tokenmill_quant_gptq.quantizer import GPTQQuantizer
 from tokenmill_quant_gptq.torch_kernel import GPTQTorchKernel
+from tokenmill_testkit.kernel_comparison import loaded_layers
 
 IN = 256
 QKV = (128, 64, 64)
@@ -23,17 +24,13 @@ QKV = (128, 64, 64)
 def _fused_layer(config: GPTQConfig, sizes=QKV, bias=False, act_order=True, dtype="float32"):
     """A fused Linear loaded shard by shard from quantize_gptq output; returns it and its float weight."""
     spec = LinearSpec("model.layers.0.self_attn.qkv_proj", IN, sum(sizes), sizes, bias, dtype)
-    layer = Linear(spec, GPTQQuantizer(config), GPTQTorchKernel())
     perm = torch.randperm(IN) if config.desc_act and act_order else None
-    dequantized = []
-    for index, size in enumerate(sizes):
-        shard = quantize_gptq(torch.randn(size, IN) * 0.1, config.bits, config.group_size, config.sym, perm,
-                              config.zero_offset)
-        for name, tensor in shard.state_dict("x").items():
-            layer.load_weight(name.removeprefix("x."), tensor, index)
-        dequantized.append(shard.dequantized)
-    layer.process_weights_after_loading()
-    return layer, torch.cat(dequantized)
+    shards = [quantize_gptq(torch.randn(size, IN) * 0.1, config.bits, config.group_size, config.sym, perm,
+                            config.zero_offset) for size in sizes]
+    (layer,) = loaded_layers(Linear, spec, GPTQQuantizer(config), (GPTQTorchKernel(),),
+                             [shard.state_dict("x") for shard in shards], torch.randn(sum(sizes)) if bias else None,
+                             "cpu")
+    return layer, torch.cat([shard.dequantized for shard in shards])
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
@@ -42,7 +39,6 @@ def _fused_layer(config: GPTQConfig, sizes=QKV, bias=False, act_order=True, dtyp
 def test_fused_layer_equals_float_matmul(bits, group_size, sym):
     config = GPTQConfig(bits=bits, group_size=group_size, sym=sym, desc_act=group_size == 32)
     layer, weight = _fused_layer(config, bias=True)
-    layer.bias.copy_(torch.randn(sum(QKV)))
     x = torch.randn(2, 5, IN)
     torch.testing.assert_close(layer(x), F.linear(x, weight, layer.bias), atol=1e-4, rtol=1e-4)
 
@@ -163,9 +159,6 @@ def test_tiny_llama_matches_transformers(checkpoints, bits, group_size, desc_act
         tensors = quantize_gptq(weight, bits, group_size, act_order=perm)
         return tensors.state_dict(name), tensors.dequantized
 
-    directory, reference = checkpoints.write(quantize, qc)
-    quantizer = GPTQQuantizer.from_config(json.loads((directory / "config.json").read_text()), str(directory))
     tokens = [3, 17, 99, 4, 56, 23, 8, 101, 77]
-    got, build = checkpoints.tokenmill_logits(directory, quantizer, tokens)
-    assert build.kernel_summary() == {"gptq-torch": 8, "torch-linear": 1}
-    torch.testing.assert_close(got, checkpoints.hf_logits(reference, tokens), atol=1e-4, rtol=1e-4)
+    kernels = checkpoints.kernels_matching_transformers(quantize, qc, GPTQQuantizer, tokens)
+    assert kernels == {"gptq-torch": 8, "torch-linear": 1}

@@ -4,8 +4,6 @@ dtypes; on the CPU through Triton's interpreter (small shapes), on a GPU with la
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -16,46 +14,27 @@ from tokenmill_quant_gptq.quantize import quantize_gptq
 from tokenmill_quant_gptq.quantizer import GPTQQuantizer
 from tokenmill_quant_gptq.torch_kernel import GPTQTorchKernel
 from tokenmill_quant_gptq.triton_kernel import GPTQTritonKernel
+from tokenmill_testkit import kernel_comparison as comparison
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-DEVICE = "cpu" if INTERPRETED else "cuda"
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+TRITON_CAPS = PlatformCapabilities(families=("triton",))
 
 
 def _layers(config: GPTQConfig, in_features: int, sizes: tuple[int, ...], dtype: torch.dtype, bias: bool = False,
-            device: str = DEVICE) -> tuple[Linear, Linear]:
+            device: str = comparison.TRITON_DEVICE) -> list[Linear]:
     """The same GPTQ checkpoint loaded into a Triton layer and a torch-reference layer."""
     spec = LinearSpec("model.layers.0.self_attn.qkv_proj", in_features, sum(sizes), sizes, bias,
                       str(dtype).removeprefix("torch."))
     perm = torch.randperm(in_features) if config.desc_act else None
     shards = [quantize_gptq(torch.randn(size, in_features) * 0.1, config.bits, config.group_size, config.sym, perm,
-                            config.zero_offset) for size in sizes]
-    bias_values = torch.randn(sum(sizes)).to(dtype)
-    layers = []
-    for kernel in (GPTQTritonKernel(), GPTQTorchKernel()):
-        layer = Linear(spec, GPTQQuantizer(config), kernel)
-        for index, shard in enumerate(shards):
-            for name, tensor in shard.state_dict("x").items():
-                layer.load_weight(name.removeprefix("x."), tensor, index if len(sizes) > 1 else None)
-        if bias:
-            layer.bias.copy_(bias_values)
-        layer.process_weights_after_loading()
-        layers.append(layer.to(device))
-    return layers[0], layers[1]
-
-
-def _assert_matches_reference(triton_layer: Linear, reference: Linear, rows: int, dtype: torch.dtype) -> None:
-    x = torch.randn(rows, triton_layer.spec.in_features, device=triton_layer.qweight.device).to(dtype)
-    got, want = triton_layer(x), reference(x)
-    assert got.dtype == dtype and got.shape == want.shape
-    tol = TOLERANCE[dtype]
-    torch.testing.assert_close(got.float(), want.float(), atol=tol * want.float().abs().max().item(), rtol=tol)
+                            config.zero_offset).state_dict("x") for size in sizes]
+    bias_values = torch.randn(sum(sizes)).to(dtype) if bias else None
+    kernels = (GPTQTritonKernel(), GPTQTorchKernel())
+    return comparison.loaded_layers(Linear, spec, GPTQQuantizer(config), kernels, shards, bias_values, device)
 
 
 @pytest.fixture(autouse=True)
 def _triton_device():
-    if not INTERPRETED and not torch.cuda.is_available():
-        pytest.skip("needs TRITON_INTERPRET=1 (set by conftest without a GPU) or a CUDA device")
+    comparison.require_triton_device()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
@@ -63,25 +42,25 @@ def _triton_device():
 @pytest.mark.parametrize("desc_act", [False, True])
 def test_4bit_matches_the_torch_reference(rows, sym, desc_act):
     config = GPTQConfig(bits=4, group_size=32, sym=sym, desc_act=desc_act)
-    _assert_matches_reference(*_layers(config, 128, (96,), torch.float32), rows, torch.float32)
+    comparison.assert_layers_agree(*_layers(config, 128, (96,), torch.float32), rows, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_activations(dtype):
     config = GPTQConfig(bits=4, group_size=64, desc_act=True)
-    _assert_matches_reference(*_layers(config, 128, (64,), dtype), 5, dtype)
+    comparison.assert_layers_agree(*_layers(config, 128, (64,), dtype), 5, dtype)
 
 
 @pytest.mark.parametrize("bits, group_size", [(8, 32), (2, -1)])
 def test_other_bit_widths(bits, group_size):
-    _assert_matches_reference(*_layers(GPTQConfig(bits=bits, group_size=group_size), 128, (64,), torch.float32),
+    comparison.assert_layers_agree(*_layers(GPTQConfig(bits=bits, group_size=group_size), 128, (64,), torch.float32),
                               5, torch.float32)
 
 
 def test_v2_zeros_fused_shards_and_bias():
     """Ragged output tiles (96 + 32 + 40 columns), zeros stored as they are, and a bias."""
     config = GPTQConfig(bits=4, group_size=64, sym=False, zero_offset=0)
-    _assert_matches_reference(*_layers(config, 128, (96, 32, 40), torch.float32, bias=True), 33, torch.float32)
+    comparison.assert_layers_agree(*_layers(config, 128, (96, 32, 40), torch.float32, bias=True), 33, torch.float32)
 
 
 def test_leading_dimensions_and_empty_input():
@@ -95,15 +74,11 @@ def test_kernel_order_and_platform_verdicts():
     quantizer = GPTQQuantizer(GPTQConfig(bits=4))
     assert quantizer.kernels() == (GPTQTritonKernel, GPTQTorchKernel)
     spec = LinearSpec("model.layers.0.mlp.down_proj", 256, 128, (128,), False, "float16")
-    caps = PlatformCapabilities()
-    cpu = GPTQTritonKernel.supports(quantizer, spec, "cpu", caps)
-    assert "interpreter" in cpu and "not for serving" in cpu
-    assert GPTQTritonKernel.supports(quantizer, spec, "cuda", caps) is None
-    assert GPTQTritonKernel.supports(quantizer, spec, "npu", PlatformCapabilities(families=("triton",))) is None
-    assert "no backend for 'mps'" in GPTQTritonKernel.supports(quantizer, spec, "mps", caps)
+    comparison.assert_triton_family_verdicts(GPTQTritonKernel, quantizer, spec)
+    assert GPTQTritonKernel.supports(quantizer, spec, "npu", TRITON_CAPS) is None
     three_bit = GPTQQuantizer(GPTQConfig(bits=3))
-    assert "straddle" in GPTQTritonKernel.supports(three_bit, spec, "cuda", caps)
-    assert GPTQTorchKernel.supports(quantizer, spec, "cpu", caps) is None
+    assert "straddle" in GPTQTritonKernel.supports(three_bit, spec, "cuda", TRITON_CAPS)
+    assert GPTQTorchKernel.supports(quantizer, spec, "cpu", PlatformCapabilities()) is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU guard")
@@ -121,7 +96,6 @@ def test_compiled_mode_refuses_cpu_tensors(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("desc_act", [False, True])
 def test_gpu_large_layers(rows, dtype, desc_act):
-    if INTERPRETED or not torch.cuda.is_available():
-        pytest.skip("checks compiled kernels on a CUDA device")
+    comparison.require_compiled_triton()
     config = GPTQConfig(bits=4, group_size=128, desc_act=desc_act, sym=not desc_act)
-    _assert_matches_reference(*_layers(config, 2048, (2048, 512, 512), dtype, bias=True, device="cuda"), rows, dtype)
+    comparison.assert_layers_agree(*_layers(config, 2048, (2048, 512, 512), dtype, bias=True, device="cuda"), rows, dtype)

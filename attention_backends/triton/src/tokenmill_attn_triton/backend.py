@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 from typing import Any
 
 from tokenmill.plugin_api import AttentionBackend, AttentionBatch, AttentionCapabilities, AttentionSpec
+from tokenmill.plugin_api.triton import CPU_REASON, NOT_INSTALLED_REASON, interpreter_enabled, refuse_cpu_tensors
 
 MAX_HEAD_SIZE = 256
-CPU_REASON = "on the CPU Triton runs only as its slow interpreter (TRITON_INTERPRET=1, for tests), not for serving"
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -45,7 +44,7 @@ class TritonAttentionBackend(AttentionBackend):
     def availability(cls) -> str | None:
         """Why Triton cannot run here: the package is missing or older than 3.0; None otherwise."""
         if importlib.util.find_spec("triton") is None:
-            return "the triton package is not installed (pip install 'triton>=3.0')"
+            return NOT_INSTALLED_REASON
         version = importlib.metadata.version("triton")
         if int(version.split(".")[0]) < 3:
             return f"triton {version} is too old (needs >= 3.0)"
@@ -69,9 +68,7 @@ class TritonAttentionBackend(AttentionBackend):
         is built from ``query_lens_cpu`` on first use and shared by all layers of the step."""
         from tokenmill_attn_triton.metadata import TritonAttentionMetadata
 
-        interpreted = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-        if batch.slot_mapping.device.type == "cpu" and not interpreted:
-            raise RuntimeError(f"the triton attention backend got CPU tensors: {CPU_REASON}")
+        refuse_cpu_tensors(batch.slot_mapping, "triton attention backend", interpreter_enabled())
         return TritonAttentionMetadata(
             query_start_loc=batch.query_start_loc,
             seq_lens=batch.seq_lens,

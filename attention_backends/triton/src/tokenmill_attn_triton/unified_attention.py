@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenmill.plugin_api.triton import is_interpreted
 from tokenmill_attn_triton.metadata import TritonAttentionMetadata
 
 _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -153,7 +154,7 @@ def _unified_attention_kernel(
 
 
 # Whether TRITON_INTERPRET was on when the kernels were decorated (tests on the CPU).
-_INTERPRETED = type(_unified_attention_kernel).__name__ == "InterpretedFunction"
+_INTERPRETED = is_interpreted(_unified_attention_kernel)
 
 
 def _tile_rows(num_queries_per_kv: int, max_query_len: int) -> tuple[int, int]:

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from tokenmill.plugin_api import Fp8Format, PlatformCapabilities
+from tokenmill.plugin_api import PlatformCapabilities
 
 
 def metal_capabilities(macos_14_or_newer: bool) -> PlatformCapabilities:
     """MPS computes float16 everywhere; bfloat16 needs macOS 14 (Sonoma) or newer.
 
-    Memory is unified (the GPU allocates from system RAM), there is no graph capture, and only
-    gloo is available for collectives.
+    Memory is unified (the GPU allocates from system RAM); everything else is the contract's
+    default: no fp8 or integer matrix units, no graph capture, no pinned memory, gloo collectives.
     """
     dtypes = ("float16", "bfloat16", "float32") if macos_14_or_newer else ("float16", "float32")
-    return PlatformCapabilities(
-        dtypes=dtypes,
-        fp8_format=Fp8Format.NONE,
-        fp8_compute=False,
-        int8_dot=False,
-        int4_dot=False,
-        graph_capture=False,
-        pinned_memory=False,
-        unified_memory=True,
-        collectives=("gloo",),
-        families=("metal",),
-    )
+    return PlatformCapabilities(dtypes=dtypes, unified_memory=True, families=("metal",))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+SIDE_FILE = "quant_config.json"  # AutoAWQ writes its settings here when config.json has none
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,3 @@ class AWQConfig:
             raise ValueError(f"AWQ group_size={group_size!r} must be a positive integer")
         return cls(group_size=group_size, modules_to_not_convert=tuple(config.get("modules_to_not_convert") or ()))
 
-
-def read_quantization_config(hf_config: Mapping[str, Any], model_path: str) -> Mapping[str, Any] | None:
-    """``config.json``'s ``quantization_config``, else the directory's ``quant_config.json``."""
-    config = hf_config.get("quantization_config")
-    if isinstance(config, Mapping):
-        return config
-    path = os.path.join(model_path, "quant_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            loaded = json.load(f)
-        if isinstance(loaded, Mapping):
-            return {"quant_method": "awq", **loaded}
-    return None

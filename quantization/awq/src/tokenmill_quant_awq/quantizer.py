@@ -12,47 +12,33 @@ and ``qzeros`` pack 8 columns per int32, ``pack_factor = 8``):
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
+from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
 from tokenmill_quant_awq import awq_checkpoint
-from tokenmill_quant_awq.awq_config import AWQConfig, read_quantization_config
+from tokenmill_quant_awq.awq_config import SIDE_FILE, AWQConfig
 from tokenmill_quant_awq.packing import PER_WORD
 from tokenmill_quant_awq.torch_kernel import AWQTorchKernel
 from tokenmill_quant_awq.triton_kernel import AWQTritonKernel
 
 
-class AWQQuantizer(Quantizer):
+class AWQQuantizer(ConfiguredQuantizer):
     """AWQ checkpoints (``quant_method: awq``), run by a Triton kernel on GPUs and by the
     plain-PyTorch reference kernel elsewhere."""
 
     name = "awq"
     api_version = (2, 0)
+    quant_method = "awq"
+    side_file = SIDE_FILE  # AutoAWQ's
+    settings_cls = AWQConfig  # group size; the layout must be 4-bit GEMM with zero points
 
     def __init__(self, config: AWQConfig | None = None) -> None:
         self.config = config or AWQConfig()
-
-    @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 when the quantization config says ``quant_method: awq`` (or AutoAWQ's
-        ``quant_config.json`` sits next to the weights)."""
-        try:
-            config = read_quantization_config(hf_config, model_path)
-        except (OSError, ValueError):
-            return 0.0
-        return 1.0 if config is not None and str(config.get("quant_method", "")).lower() == "awq" else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> AWQQuantizer:
-        """Parse group size and check the layout is 4-bit GEMM with zero points."""
-        config = read_quantization_config(hf_config, model_path)
-        if config is None:
-            raise ValueError(f"{model_path}: no AWQ quantization_config in config.json nor a quant_config.json")
-        return cls(AWQConfig.from_dict(config))
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """Triton (devices Triton compiles for), then the torch reference; platform plugins may
@@ -73,26 +59,18 @@ class AWQQuantizer(Quantizer):
         if any(size % PER_WORD for size in spec.output_sizes):
             raise ValueError(f"{spec.prefix}: AWQ needs output sizes divisible by 8, got {spec.output_sizes}")
         groups = spec.in_features // group_size
-        qweight = _parameter(torch.zeros(spec.in_features, spec.out_features // PER_WORD, dtype=torch.int32))
-        qzeros = _parameter(torch.zeros(groups, spec.out_features // PER_WORD, dtype=torch.int32))
-        scales = _parameter(torch.zeros(groups, spec.out_features, dtype=torch.float16))
-        for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-            param.output_dim = 1
-            if name != "scales":
-                param.pack_factor = PER_WORD
-            layer.register_parameter(name, param)
+        register_parameters(layer, {
+            "qweight": layer_parameter(torch.zeros(spec.in_features, spec.out_features // PER_WORD, dtype=torch.int32),
+                                       output_dim=1, pack_factor=PER_WORD),
+            "qzeros": layer_parameter(torch.zeros(groups, spec.out_features // PER_WORD, dtype=torch.int32),
+                                      output_dim=1, pack_factor=PER_WORD),
+            "scales": layer_parameter(torch.zeros(groups, spec.out_features, dtype=torch.float16), output_dim=1),
+        })
         layer.awq_group_size = group_size
 
     def describe(self) -> str:
         """``awq 4-bit g128 (gemm)``."""
         return f"awq 4-bit g{self.config.group_size} (gemm)"
 
-    @classmethod
-    @functools.wraps(awq_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as AWQ (GEMM, round-to-nearest) (see ``awq_checkpoint.quantize_checkpoint``)."""
-        return awq_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(awq_checkpoint.quantize_checkpoint)
 
-
-def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill.plugin_api import QuantKernel
+from tokenmill.plugin_api.tiled_matmul import TILE_ELEMENTS, tile_rows, tiled_matmul
 from tokenmill_quant_awq.packing import PER_WORD, unpack_int4
 
 
@@ -24,22 +25,10 @@ class AWQTorchKernel(QuantKernel):
     """Plain PyTorch on any device: the correctness oracle for faster AWQ kernels."""
 
     name = "awq-torch"
-    tile_elements: ClassVar[int] = 1 << 22
-
-    @classmethod
-    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
-        """Runs every layer the format accepts."""
-        return None
+    tile_elements: ClassVar[int] = TILE_ELEMENTS
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x @ W + bias``."""
-        in_features, out_features = x.shape[-1], layer.scales.shape[1]
-        rows = x.reshape(-1, in_features)
-        out = rows.new_empty(rows.shape[0], out_features)
-        tile = max(PER_WORD, self.tile_elements // in_features // PER_WORD * PER_WORD)
-        for first in range(0, out_features, tile):
-            end = min(out_features, first + tile)
-            out[:, first:end] = rows @ dequantize_columns(layer, first, end, rows.dtype)
-        if bias is not None:
-            out += bias
-        return out.reshape(*x.shape[:-1], out_features)
+        """``x @ W + bias``, a tile of output columns (whole int32 words) at a time."""
+        tile = tile_rows(x.shape[-1], PER_WORD, self.tile_elements)
+        return tiled_matmul(x, layer.scales.shape[1], tile,
+                            lambda first, end, dtype: dequantize_columns(layer, first, end, dtype).T, bias)

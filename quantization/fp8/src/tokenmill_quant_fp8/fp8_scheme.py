@@ -9,25 +9,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.plugin_api.compressed_tensors import LINEAR_TARGET, config_format, module_matches, single_config_group
+from tokenmill.plugin_api.quantization_config import declared_method, full_precision_modules
+
 FLOAT_QUANTIZED = "float-quantized"
-
-
-def compressed_tensors_format(hf_config: Mapping[str, Any]) -> str | None:
-    """The checkpoint's compressed-tensors format, or None if it is not a compressed-tensors one."""
-    config = hf_config.get("quantization_config")
-    if not isinstance(config, Mapping) or config.get("quant_method") != "compressed-tensors":
-        return None
-    top_level = config.get("format")
-    if top_level and top_level != "mixed-precision":
-        return top_level
-    groups = config.get("config_groups") or {}
-    formats = {g.get("format") for g in groups.values() if isinstance(g, Mapping) and g.get("format")}
-    return formats.pop() if len(formats) == 1 else top_level
 
 
 @dataclass(frozen=True)
@@ -41,34 +30,28 @@ class FP8Scheme:
     source: str = "fp8"
 
     @classmethod
-    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> FP8Scheme:
-        """Parse either config shape; ``ValueError`` says what is unsupported."""
-        config = hf_config.get("quantization_config")
-        if not isinstance(config, Mapping):
-            raise ValueError("the checkpoint has no quantization_config")
-        if str(config.get("quant_method", "")).lower() == "fp8":
+    def from_dict(cls, config: Mapping[str, Any]) -> FP8Scheme:
+        """Parse either shape of ``quantization_config``; ``ValueError`` says what is unsupported."""
+        if declared_method(config) == "fp8":
             block = config.get("weight_block_size")
-            ignore = tuple(config.get("modules_to_not_convert") or config.get("ignored_layers") or ()) + ("lm_head",)
+            ignore = full_precision_modules(config, ("modules_to_not_convert", "ignored_layers"))
             if block is None:
                 return cls(ignore=ignore)
             return cls(block=_block(block), scale_name="weight_scale_inv", ignore=ignore)
-        if compressed_tensors_format(hf_config) == FLOAT_QUANTIZED:
+        if config_format(config) == FLOAT_QUANTIZED:
             return cls._from_compressed_tensors(config)
         raise ValueError("not an fp8 checkpoint (quant_method fp8 or compressed-tensors float-quantized)")
 
     @classmethod
     def _from_compressed_tensors(cls, config: Mapping[str, Any]) -> FP8Scheme:
-        groups = [g for g in (config.get("config_groups") or {}).values() if isinstance(g, Mapping)]
-        if len(groups) != 1:
-            raise ValueError(f"compressed-tensors: {len(groups)} config groups; exactly one is supported")
-        weights = groups[0].get("weights") or {}
+        group, weights = single_config_group(config)
         if weights.get("type") != "float" or weights.get("num_bits") != 8:
             raise ValueError(f"compressed-tensors float-quantized weights must be 8-bit floats, got {dict(weights)}")
         strategy = weights.get("strategy")
         if strategy not in ("tensor", "channel", "block"):
             raise ValueError(f"compressed-tensors fp8 weight strategy {strategy!r} is not supported")
-        targets = tuple(groups[0].get("targets") or ("Linear",))
-        if any(t != "Linear" and not t.startswith("re:") for t in targets):
+        targets = tuple(group.get("targets") or (LINEAR_TARGET,))
+        if any(t != LINEAR_TARGET and not t.startswith("re:") for t in targets):
             raise ValueError(f"compressed-tensors targets {targets} are not supported (Linear or re: patterns)")
         ignore = tuple(config.get("ignore") or ())
         block = _block(weights.get("block_structure")) if strategy == "block" else None
@@ -76,13 +59,7 @@ class FP8Scheme:
 
     def quantizes(self, module: str) -> bool:
         """Whether module path ``module`` is stored in fp8 (not ignored)."""
-        for pattern in self.ignore:
-            if pattern.startswith("re:"):
-                if re.match(pattern[3:], module):
-                    return False
-            elif module == pattern or module.endswith("." + pattern) or module.rpartition(".")[2] == pattern:
-                return False
-        return True
+        return not module_matches(module, self.ignore)
 
     def describe(self) -> str:
         """``fp8 e4m3 (block 128x128 scales)``-style summary."""

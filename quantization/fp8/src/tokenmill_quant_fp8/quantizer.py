@@ -16,44 +16,34 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
+from tokenmill.plugin_api.fused_shards import quantized_whole
+from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
+from tokenmill.plugin_api.scale_loaders import RowScaleLoader
 from tokenmill_quant_fp8 import fp8_checkpoint
-from tokenmill_quant_fp8.fp8_scheme import FLOAT_QUANTIZED, FP8Scheme, compressed_tensors_format
-from tokenmill_quant_fp8.row_scale_loader import RowScaleLoader
+from tokenmill_quant_fp8.fp8_scheme import FLOAT_QUANTIZED, FP8Scheme
 from tokenmill_quant_fp8.scaled_mm_kernel import FP8ScaledMMFnuzKernel, FP8ScaledMMKernel
 from tokenmill_quant_fp8.torch_kernel import FP8TorchKernel
 
-FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
-
-class FP8Quantizer(Quantizer):
+class FP8Quantizer(ConfiguredQuantizer):
     """fp8 e4m3 weights; W8A8 through ``torch._scaled_mm`` where the platform computes in fp8,
     weight-only dequantization elsewhere."""
 
     name = "fp8"
     api_version = (2, 0)
+    quant_method = "fp8"
+    compressed_tensors_formats = (FLOAT_QUANTIZED,)
+    settings_cls = FP8Scheme  # the scale granularity and the modules left in full precision
 
     def __init__(self, scheme: FP8Scheme | None = None) -> None:
         self.scheme = scheme or FP8Scheme()
-
-    @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 for ``quant_method: fp8`` or a compressed-tensors ``float-quantized`` config."""
-        config = hf_config.get("quantization_config")
-        if isinstance(config, Mapping) and str(config.get("quant_method", "")).lower() == "fp8":
-            return 1.0
-        return 1.0 if compressed_tensors_format(hf_config) == FLOAT_QUANTIZED else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> FP8Quantizer:
-        """Parse the scale granularity and the modules left in full precision."""
-        return cls(FP8Scheme.from_hf_config(hf_config))
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """W8A8 (e4m3fn, then e4m3fnuz hardware), then the weight-only torch reference."""
@@ -61,33 +51,28 @@ class FP8Quantizer(Quantizer):
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """False for ignored modules (``lm_head`` among them unless a config says otherwise)."""
-        covered = {self.scheme.quantizes(module) for module in _shard_modules(spec)}
-        if len(covered) > 1:
-            raise ValueError(f"{spec.prefix}: the checkpoint quantizes only some of the shards fused into this layer")
-        return covered.pop()
+        return quantized_whole(spec, self.scheme.quantizes)
 
     def create_weights(self, layer: Any, spec: LinearSpec) -> None:
         """Register ``weight``, the scale and ``input_scale`` (see the module docstring)."""
-        weight = _parameter(torch.zeros(spec.out_features, spec.in_features, dtype=torch.float8_e4m3fn))
-        weight.output_dim = 0
+        weight = layer_parameter(torch.zeros(spec.out_features, spec.in_features, dtype=torch.float8_e4m3fn),
+                                 output_dim=0)
         block = self.scheme.block
         if block is None:
-            scale = _parameter(torch.ones(spec.out_features, 1, dtype=torch.float32))
-            scale.weight_loader = RowScaleLoader(spec)
+            scale = layer_parameter(torch.ones(spec.out_features, 1, dtype=torch.float32),
+                                    weight_loader=RowScaleLoader(spec))
             scale_name = "weight_scale"
         else:
             rows, cols = block
             if any(size % rows for size in spec.output_sizes):
                 raise ValueError(f"{spec.prefix}: output shards {spec.output_sizes} are not multiples of the "
                                  f"{rows}-row scale blocks")
-            scale = _parameter(torch.ones(spec.out_features // rows, -(-spec.in_features // cols), dtype=torch.float32))
-            scale.output_dim, scale.pack_factor = 0, rows
+            scale = layer_parameter(torch.ones(spec.out_features // rows, -(-spec.in_features // cols),
+                                               dtype=torch.float32), output_dim=0, pack_factor=rows)
             scale_name = self.scheme.scale_name
-        input_scale = _parameter(torch.ones(len(spec.output_sizes), dtype=torch.float32))
-        input_scale.per_shard = True
-        input_scale.checkpoint_optional = True
-        for name, param in (("weight", weight), (scale_name, scale), ("input_scale", input_scale)):
-            layer.register_parameter(name, param)
+        input_scale = layer_parameter(torch.ones(len(spec.output_sizes), dtype=torch.float32), per_shard=True,
+                                      checkpoint_optional=True)
+        register_parameters(layer, {"weight": weight, scale_name: scale, "input_scale": input_scale})
         layer.fp8_block = block
         layer.fp8_scale_name = scale_name
 
@@ -95,20 +80,5 @@ class FP8Quantizer(Quantizer):
         """The scale granularity and the config it came from."""
         return self.scheme.describe()
 
-    @classmethod
-    @functools.wraps(fp8_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as fp8 e4m3 (see ``fp8_checkpoint.quantize_checkpoint``)."""
-        return fp8_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(fp8_checkpoint.quantize_checkpoint)
 
-
-def _shard_modules(spec: LinearSpec) -> list[str]:
-    parent, _, leaf = spec.prefix.rpartition(".")
-    shards = FUSED_SHARDS.get(leaf)
-    if shards is not None and len(shards) == len(spec.output_sizes):
-        return [f"{parent}.{shard}" for shard in shards]
-    return [spec.prefix]
-
-
-def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill.plugin_api import QuantKernel
+from tokenmill.plugin_api.tiled_matmul import TILE_ELEMENTS, tile_rows, tiled_matmul
 
 
 def dequantize_rows(layer: Any, first: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -28,22 +29,10 @@ class FP8TorchKernel(QuantKernel):
     """Weight-only fp8: plain PyTorch, the correctness oracle for the fp8 kernels."""
 
     name = "fp8-torch"
-    tile_elements: ClassVar[int] = 1 << 22
-
-    @classmethod
-    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
-        """Runs every layer the format accepts."""
-        return None
+    tile_elements: ClassVar[int] = TILE_ELEMENTS
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias`` with ``W`` dequantized a tile of rows at a time."""
         out_features, in_features = layer.weight.shape
-        rows = x.reshape(-1, in_features)
-        out = rows.new_empty(rows.shape[0], out_features)
-        tile = max(1, self.tile_elements // in_features)
-        for first in range(0, out_features, tile):
-            end = min(out_features, first + tile)
-            out[:, first:end] = rows @ dequantize_rows(layer, first, end, rows.dtype).T
-        if bias is not None:
-            out += bias
-        return out.reshape(*x.shape[:-1], out_features)
+        return tiled_matmul(x, out_features, tile_rows(in_features, 1, self.tile_elements),
+                            lambda first, end, dtype: dequantize_rows(layer, first, end, dtype), bias)

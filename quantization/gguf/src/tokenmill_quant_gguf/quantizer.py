@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.fused_shards import FUSED_SHARDS
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
 from tokenmill_quant_gguf.cpu_kernel import GGUFPackedCpuKernel
 from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel, GGUFDequantizedOneDnnKernel
@@ -39,8 +40,6 @@ from tokenmill_quant_gguf.triton_kernel import GGUFPackedTritonKernel
 MODE_ENV = "TOKENMILL_GGUF_MODE"
 MODES = ("auto", "dequantize", "packed")
 
-# Fused linear layers of the llama family and the checkpoint modules they stack (vLLM's convention).
-_FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _HEAD, _EMBEDDING = "lm_head.weight", "token_embd.weight"
 
 
@@ -200,7 +199,7 @@ def _gguf_name(checkpoint: GGUFCheckpoint, hf_name: str) -> str | None:
 def _shard_weight_names(spec: LinearSpec) -> list[str]:
     """The checkpoint weight names a layer loads, one per output shard."""
     parent, _, leaf = spec.prefix.rpartition(".")
-    shards = _FUSED_SHARDS.get(leaf)
+    shards = FUSED_SHARDS.get(leaf)
     if shards is not None and len(shards) == len(spec.output_sizes):
         return [f"{parent}.{shard}.weight" for shard in shards]
     if len(spec.output_sizes) != 1:

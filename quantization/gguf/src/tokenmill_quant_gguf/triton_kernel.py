@@ -5,29 +5,15 @@ Importing this module does not import triton; the kernel is compiled (or, under
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any, ClassVar
 
 import torch
 
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill.plugin_api.triton import tile_kernel_unavailable
 from tokenmill_quant_gguf.ggml_type import GGMLType
 
-TRITON_DEVICE_TYPES = ("cuda", "xpu")
-CPU_REASON = "on the CPU Triton runs only as its slow interpreter (TRITON_INTERPRET=1, for tests), not for serving"
-DTYPES = ("float32", "float16", "bfloat16")
 BLOCK_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1)
-
-
-def triton_unavailable(device_type: str, caps: PlatformCapabilities) -> str | None:
-    """Why Triton cannot compile for ``device_type`` here, or None when it can."""
-    if device_type == "cpu":
-        return CPU_REASON
-    if device_type not in TRITON_DEVICE_TYPES and "triton" not in caps.families:
-        return f"Triton has no backend for {device_type!r} devices (cuda, xpu, or a platform of the 'triton' family)"
-    if importlib.util.find_spec("triton") is None:
-        return "the triton package is not installed (pip install 'triton>=3.0')"
-    return None
 
 
 class GGUFPackedTritonKernel(QuantKernel):
@@ -41,13 +27,11 @@ class GGUFPackedTritonKernel(QuantKernel):
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
         """Needs a device Triton compiles for, a float compute dtype, shards of Q8_0, Q4_0 or Q4_1
         blocks, and a quantizer not pinned to dequantize at load."""
-        reason = triton_unavailable(device_type, caps)
+        reason = tile_kernel_unavailable(device_type, caps, spec.dtype)
         if reason is not None:
             return reason
         if getattr(quantizer, "mode", "packed") == "dequantize":
             return "the GGUF quantizer is pinned to dequantize at load (gguf mode 'dequantize')"
-        if spec.dtype not in DTYPES:
-            return f"compute dtype {spec.dtype} is not one of {', '.join(DTYPES)}"
         others = sorted({t.name for t in quantizer.shard_types(spec)} - {t.name for t in BLOCK_TYPES})
         if others:
             return f"{', '.join(others)} blocks: this kernel reads {', '.join(t.name for t in BLOCK_TYPES)} only"

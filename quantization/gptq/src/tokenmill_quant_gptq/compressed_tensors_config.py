@@ -1,34 +1,16 @@
 """The part of a compressed-tensors ``quantization_config`` that the ``pack-quantized`` format needs
-(parsed by hand: importing the compressed-tensors library costs seconds).
-
-Example (llm-compressor's W4A16 preset)::
-
-    {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
-     "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null,
-        "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 128}}}}
-"""
+(the shape is read by ``tokenmill.plugin_api.compressed_tensors``; llm-compressor's W4A16 and W8A16
+presets write it)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.plugin_api.compressed_tensors import LINEAR_TARGET, module_matches, single_config_group
+
 PACK_QUANTIZED = "pack-quantized"
-
-
-def compressed_tensors_format(hf_config: Mapping[str, Any]) -> str | None:
-    """The checkpoint's compressed-tensors format ("pack-quantized", ...), or None if it is not one."""
-    config = hf_config.get("quantization_config")
-    if not isinstance(config, Mapping) or config.get("quant_method") != "compressed-tensors":
-        return None
-    top_level = config.get("format")
-    if top_level and top_level != "mixed-precision":
-        return top_level
-    groups = config.get("config_groups") or {}
-    formats = {g.get("format") for g in groups.values() if isinstance(g, Mapping) and g.get("format")}
-    return formats.pop() if len(formats) == 1 else top_level  # one format per group: take it if shared
 
 
 @dataclass(frozen=True)
@@ -41,17 +23,13 @@ class PackQuantizedScheme:
     group_size: int | None
     symmetric: bool
     group_actorder: bool
-    targets: tuple[str, ...] = ("Linear",)
+    targets: tuple[str, ...] = (LINEAR_TARGET,)
     ignore: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PackQuantizedScheme:
         """Validate; ``ValueError`` says which part of the config is unsupported."""
-        groups = [g for g in (config.get("config_groups") or {}).values() if isinstance(g, Mapping)]
-        if len(groups) != 1:
-            raise ValueError(f"compressed-tensors: {len(groups)} config groups; exactly one is supported")
-        group = groups[0]
-        weights = group.get("weights") or {}
+        group, weights = single_config_group(config)
         if group.get("input_activations"):
             raise ValueError("compressed-tensors pack-quantized with quantized activations is not supported")
         if weights.get("type", "int") != "int":
@@ -70,7 +48,7 @@ class PackQuantizedScheme:
             group_size=group_size,
             symmetric=bool(weights.get("symmetric", True)),
             group_actorder=weights.get("actorder") in ("group", True),  # legacy: removed in compressed-tensors 0.20
-            targets=tuple(group.get("targets") or ("Linear",)),
+            targets=tuple(group.get("targets") or (LINEAR_TARGET,)),
             ignore=tuple(config.get("ignore") or ()),
         )
 
@@ -84,12 +62,5 @@ class PackQuantizedScheme:
 
 
 def _matches(module: str, patterns: tuple[str, ...]) -> bool:
-    """compressed-tensors matching: "re:<regex>" against the path, "Linear" for any linear layer,
-    otherwise the module path itself (or its last components)."""
-    for pattern in patterns:
-        if pattern.startswith("re:"):
-            if re.match(pattern[3:], module):
-                return True
-        elif pattern == "Linear" or module == pattern or module.endswith("." + pattern):
-            return True
-    return False
+    """compressed-tensors matching: "Linear" for any linear layer, else ``module_matches``."""
+    return LINEAR_TARGET in patterns or module_matches(module, patterns)

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill.plugin_api import QuantKernel
+from tokenmill.plugin_api.tiled_matmul import TILE_ELEMENTS, tile_rows, tiled_matmul
 from tokenmill_quant_gptq.bitpack import packed_length, unpack_bits
 
 
@@ -35,22 +36,11 @@ class CompressedTensorsPackTorchKernel(QuantKernel):
     """Plain PyTorch on any device, a tile of output rows at a time."""
 
     name = "compressed-tensors-pack-torch"
-    tile_elements: ClassVar[int] = 1 << 22
-
-    @classmethod
-    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
-        """Runs every layer the format accepts."""
-        return None
+    tile_elements: ClassVar[int] = TILE_ELEMENTS
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W.T + bias``."""
-        out_features, in_features = layer.weight_packed.shape[0], x.shape[-1]
-        rows = x.reshape(-1, in_features)
-        out = rows.new_empty(rows.shape[0], out_features)
-        tile = max(32, self.tile_elements // in_features // 32 * 32)  # zero-point words start on 32-row runs
-        for first in range(0, out_features, tile):
-            end = min(out_features, first + tile)
-            out[:, first:end] = rows @ dequantize_rows(layer, in_features, first, end, rows.dtype).T
-        if bias is not None:
-            out += bias
-        return out.reshape(*x.shape[:-1], out_features)
+        in_features = x.shape[-1]
+        tile = tile_rows(in_features, 32, self.tile_elements)  # zero-point words start on 32-row runs
+        return tiled_matmul(x, layer.weight_packed.shape[0], tile,
+                            lambda first, end, dtype: dequantize_rows(layer, in_features, first, end, dtype), bias)

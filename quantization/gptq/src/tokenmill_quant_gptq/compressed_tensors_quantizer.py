@@ -22,17 +22,13 @@ from typing import Any
 import torch
 
 from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.compressed_tensors import compressed_tensors_format
+from tokenmill.plugin_api.fused_shards import quantized_whole, shard_span
+from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
 from tokenmill_quant_gptq.bitpack import packed_length
-from tokenmill_quant_gptq.compressed_tensors_config import (
-    PACK_QUANTIZED,
-    PackQuantizedScheme,
-    compressed_tensors_format,
-)
+from tokenmill_quant_gptq.compressed_tensors_config import PACK_QUANTIZED, PackQuantizedScheme
 from tokenmill_quant_gptq.compressed_tensors_kernel import CompressedTensorsPackTorchKernel
-from tokenmill_quant_gptq.shard_loaders import BitPackedShardLoader, SharedGroupIndexLoader, shard_span
-
-# Fused linear layers of the llama family and the checkpoint modules they stack.
-FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+from tokenmill_quant_gptq.shard_loaders import BitPackedShardLoader, SharedGroupIndexLoader
 
 
 class CompressedTensorsPackQuantizer(Quantizer):
@@ -62,10 +58,7 @@ class CompressedTensorsPackQuantizer(Quantizer):
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """Whether the scheme's targets (minus ``ignore``) cover the layer's checkpoint modules."""
-        covered = {self.scheme.quantizes(module) for module in shard_modules(spec)}
-        if len(covered) > 1:
-            raise ValueError(f"{spec.prefix}: the checkpoint quantizes only some of the shards fused into this layer")
-        return covered.pop()
+        return quantized_whole(spec, self.scheme.quantizes)
 
     def create_weights(self, layer: Any, spec: LinearSpec) -> None:
         """Register the parameters listed in the module docstring."""
@@ -74,43 +67,27 @@ class CompressedTensorsPackQuantizer(Quantizer):
         if scheme.group_size is not None and spec.in_features % group_size:
             raise ValueError(f"{spec.prefix}: {spec.in_features} inputs are not a multiple of group size {group_size}")
         groups = spec.in_features // group_size
-        packed = _parameter(torch.zeros(spec.out_features, packed_length(spec.in_features, bits), dtype=torch.int32))
-        packed.output_dim = 0
-        scale = _parameter(torch.zeros(spec.out_features, groups, dtype=torch.float32))
-        scale.output_dim = 0
-        shape = _parameter(torch.zeros(len(spec.output_sizes), 2, dtype=torch.int64))
-        shape.weight_loader = _WeightShapeLoader(spec)
-        params = {"weight_packed": packed, "weight_scale": scale, "weight_shape": shape}
+        params = {
+            "weight_packed": layer_parameter(
+                torch.zeros(spec.out_features, packed_length(spec.in_features, bits), dtype=torch.int32), output_dim=0),
+            "weight_scale": layer_parameter(torch.zeros(spec.out_features, groups, dtype=torch.float32), output_dim=0),
+            "weight_shape": layer_parameter(torch.zeros(len(spec.output_sizes), 2, dtype=torch.int64),
+                                            weight_loader=_WeightShapeLoader(spec)),
+        }
         if not scheme.symmetric:
-            zero_point = _parameter(torch.zeros(packed_length(spec.out_features, bits), groups, dtype=torch.int32))
-            zero_point.output_dim = 0
-            zero_point.weight_loader = BitPackedShardLoader(spec, bits, dim=0)
-            params["weight_zero_point"] = zero_point
+            params["weight_zero_point"] = layer_parameter(
+                torch.zeros(packed_length(spec.out_features, bits), groups, dtype=torch.int32), output_dim=0,
+                weight_loader=BitPackedShardLoader(spec, bits, dim=0))
         if scheme.group_actorder:
-            g_idx = _parameter(torch.arange(spec.in_features, dtype=torch.int32) // group_size)
-            g_idx.weight_loader = SharedGroupIndexLoader(spec, groups)
-            params["weight_g_idx"] = g_idx
-        for name, param in params.items():
-            layer.register_parameter(name, param)
+            params["weight_g_idx"] = layer_parameter(torch.arange(spec.in_features, dtype=torch.int32) // group_size,
+                                                     weight_loader=SharedGroupIndexLoader(spec, groups))
+        register_parameters(layer, params)
         layer.ct_scheme = scheme
         layer.ct_group_size = group_size
 
     def describe(self) -> str:
         """The scheme in one line."""
         return self.scheme.describe()
-
-
-def shard_modules(spec: LinearSpec) -> list[str]:
-    """The checkpoint module paths a (possibly fused) layer loads."""
-    parent, _, leaf = spec.prefix.rpartition(".")
-    shards = FUSED_SHARDS.get(leaf)
-    if shards is not None and len(shards) == len(spec.output_sizes):
-        return [f"{parent}.{shard}" for shard in shards]
-    return [spec.prefix]
-
-
-def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)
 
 
 class _WeightShapeLoader:

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
+SIDE_FILE = "quantize_config.json"  # AutoGPTQ writes its settings here when config.json has none
 
 
 @dataclass(frozen=True)
@@ -65,16 +64,3 @@ class GPTQConfig:
             parts.append("v2 zeros")
         return " ".join(parts)
 
-
-def read_quantization_config(hf_config: Mapping[str, Any], model_path: str) -> Mapping[str, Any] | None:
-    """``config.json``'s ``quantization_config``, else the directory's ``quantize_config.json``."""
-    config = hf_config.get("quantization_config")
-    if isinstance(config, Mapping):
-        return config
-    path = os.path.join(model_path, "quantize_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            loaded = json.load(f)
-        if isinstance(loaded, Mapping):
-            return {"quant_method": "gptq", **loaded}
-    return None

@@ -13,50 +13,42 @@ Parameters, under the checkpoint's names (``out`` fused across shards along ``ou
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
+from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
 from tokenmill_quant_gptq import gptq_checkpoint
 from tokenmill_quant_gptq.bitpack import packed_length
-from tokenmill_quant_gptq.gptq_config import GPTQConfig, read_quantization_config
+from tokenmill_quant_gptq.gptq_config import SIDE_FILE, GPTQConfig
 from tokenmill_quant_gptq.shard_loaders import BitPackedShardLoader, SharedGroupIndexLoader
 from tokenmill_quant_gptq.torch_kernel import GPTQTorchKernel
 from tokenmill_quant_gptq.triton_kernel import GPTQTritonKernel
 
 
-class GPTQQuantizer(Quantizer):
+class GPTQQuantizer(ConfiguredQuantizer):
     """GPTQ checkpoints (``quant_method: gptq``), run by a Triton kernel on GPUs and by the
     plain-PyTorch reference kernel elsewhere."""
 
     name = "gptq"
     api_version = (2, 0)
+    quant_method = "gptq"
+    side_file = SIDE_FILE  # AutoGPTQ's
 
     def __init__(self, config: GPTQConfig | None = None) -> None:
         self.config = config or GPTQConfig()
 
     @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 when the quantization config says ``quant_method: gptq`` (or an AutoGPTQ
-        ``quantize_config.json`` sits next to the weights)."""
-        try:
-            config = read_quantization_config(hf_config, model_path)
-        except (OSError, ValueError):
-            return 0.0
-        return 1.0 if config is not None and str(config.get("quant_method", "")).lower() == "gptq" else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> GPTQQuantizer:
-        """Parse bits, group size, act order, symmetry and checkpoint format."""
-        config = read_quantization_config(hf_config, model_path)
-        if config is None:
-            raise ValueError(f"{model_path}: no GPTQ quantization_config in config.json nor a quantize_config.json")
+    def parse_settings(cls, hf_config: Mapping[str, Any], model_path: str) -> GPTQConfig:
+        """Bits, group size, act order, symmetry and checkpoint format; Marlin repacks are refused."""
+        config = cls.declared_config(hf_config, model_path)
         if config.get("is_marlin_format") or config.get("checkpoint_format") == "marlin":
             raise ValueError(f"{model_path}: Marlin-repacked GPTQ checkpoints are not supported; use the GPTQ original")
-        return cls(GPTQConfig.from_dict(config))
+        return GPTQConfig.from_dict(config)
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """Triton (devices Triton compiles for), then the torch reference; platform plugins may
@@ -78,34 +70,23 @@ class GPTQQuantizer(Quantizer):
             if size * bits % 32:
                 raise ValueError(f"{spec.prefix}: a shard of {size} outputs does not pack into whole {bits}-bit words")
         groups = config.num_groups(spec.in_features)
-        qweight = _parameter(torch.zeros(spec.in_features * bits // 32, spec.out_features, dtype=torch.int32))
-        qweight.output_dim = 1
-        qzeros = _parameter(torch.zeros(groups, packed_length(spec.out_features, bits), dtype=torch.int32))
-        qzeros.output_dim = 1
-        if 32 % bits == 0:
-            qzeros.pack_factor = 32 // bits
-        else:
-            qzeros.weight_loader = BitPackedShardLoader(spec, bits, dim=1)
-        scales = _parameter(torch.zeros(groups, spec.out_features, dtype=torch.float16))
-        scales.output_dim = 1
+        whole_words = 32 % bits == 0  # else 3-bit shards are placed by a weight_loader
         group_size = spec.in_features if config.group_size == -1 else config.group_size
-        g_idx = _parameter(torch.arange(spec.in_features, dtype=torch.int32) // group_size)
-        g_idx.checkpoint_optional = True
-        g_idx.weight_loader = SharedGroupIndexLoader(spec, groups)
-        for name, param in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales), ("g_idx", g_idx)):
-            layer.register_parameter(name, param)
+        register_parameters(layer, {
+            "qweight": layer_parameter(torch.zeros(spec.in_features * bits // 32, spec.out_features, dtype=torch.int32),
+                                       output_dim=1),
+            "qzeros": layer_parameter(torch.zeros(groups, packed_length(spec.out_features, bits), dtype=torch.int32),
+                                      output_dim=1, pack_factor=32 // bits if whole_words else None,
+                                      weight_loader=None if whole_words else BitPackedShardLoader(spec, bits, dim=1)),
+            "scales": layer_parameter(torch.zeros(groups, spec.out_features, dtype=torch.float16), output_dim=1),
+            "g_idx": layer_parameter(torch.arange(spec.in_features, dtype=torch.int32) // group_size,
+                                     checkpoint_optional=True, weight_loader=SharedGroupIndexLoader(spec, groups)),
+        })
         layer.gptq_config = config
 
     def describe(self) -> str:
         """``gptq 4-bit g128 sym``-style summary."""
         return self.config.describe()
 
-    @classmethod
-    @functools.wraps(gptq_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as GPTQ (see ``gptq_checkpoint.quantize_checkpoint``)."""
-        return gptq_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(gptq_checkpoint.quantize_checkpoint)
 
-
-def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)

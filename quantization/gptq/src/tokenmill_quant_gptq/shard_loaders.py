@@ -5,16 +5,8 @@ from __future__ import annotations
 import torch
 
 from tokenmill.plugin_api import LinearSpec
+from tokenmill.plugin_api.fused_shards import shard_span
 from tokenmill_quant_gptq.bitpack import packed_length
-
-
-def shard_span(spec: LinearSpec, shard_index: int | None) -> tuple[int, int, int]:
-    """(index, first output, outputs) of a shard; None means the whole, unfused layer."""
-    if shard_index is None:
-        return 0, 0, spec.out_features
-    if not 0 <= shard_index < len(spec.output_sizes):
-        raise ValueError(f"{spec.prefix}: no shard {shard_index} in a layer of {len(spec.output_sizes)} shards")
-    return shard_index, sum(spec.output_sizes[:shard_index]), spec.output_sizes[shard_index]
 
 
 class BitPackedShardLoader:

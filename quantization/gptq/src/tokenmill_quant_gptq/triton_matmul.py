@@ -5,10 +5,8 @@ and walks the input dimension ``BLOCK_K`` rows at a time: it loads the packed wo
 (``qweight[k // (32 / bits), n]``), shifts out each row's ``bits``-bit value, gathers the row's
 group through ``g_idx`` (act order needs no special case: every row looks its group up), loads
 that group's scale and packed zero point, and multiplies ``(q - zero) * scale`` (rounded to the
-activation dtype, as the torch reference does) into an fp32 accumulator.
-
-Importing this module imports triton and decorates the kernel, so ``TRITON_INTERPRET`` must be set
-before the first import (tests on the CPU); ``GPTQTritonKernel`` imports it on first use.
+activation dtype, as the torch reference does) into an fp32 accumulator (the tile scaffolding is
+``tokenmill.plugin_api.triton_tiles``). ``GPTQTritonKernel`` imports this module (and so triton) on first use.
 """
 
 from __future__ import annotations
@@ -17,47 +15,24 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenmill_quant_gptq.triton_kernel import CPU_REASON
+from tokenmill.plugin_api import triton_tiles
+from tokenmill.plugin_api.triton import is_interpreted
 
 
 @triton.jit
 def _gptq_matmul_kernel(
-    x_ptr,
-    qweight_ptr,
-    qzeros_ptr,
-    scales_ptr,
-    g_idx_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_qk,
-    stride_zg,
-    stride_sg,
-    stride_om,
-    BITS: tl.constexpr,
-    ZERO_OFFSET: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
+    x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, stride_xm, stride_qk, stride_zg,
+    stride_sg, stride_om,
+    BITS: tl.constexpr, ZERO_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     PER_WORD: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
+    offs_m, offs_n, m_mask, n_mask, acc = triton_tiles.output_tile(M, N, BLOCK_M, BLOCK_N)
     zero_shift = (offs_n % PER_WORD) * BITS
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k_start in range(0, K, BLOCK_K):
-        offs_k = k_start + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        kn_mask = k_mask[:, None] & n_mask[None, :]
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                    other=0.0)
+        offs_k, k_mask, kn_mask, x = triton_tiles.reduction_step(x_ptr, stride_xm, offs_m, m_mask, n_mask, k_start, K,
+                                                                 BLOCK_K)
         words = tl.load(qweight_ptr + (offs_k // PER_WORD)[:, None] * stride_qk + offs_n[None, :], mask=kn_mask,
                         other=0)
         q = (words >> ((offs_k % PER_WORD) * BITS)[:, None]) & MASK
@@ -65,51 +40,28 @@ def _gptq_matmul_kernel(
         zero_words = tl.load(qzeros_ptr + group[:, None] * stride_zg + (offs_n // PER_WORD)[None, :], mask=kn_mask,
                              other=0)
         zeros = (((zero_words >> zero_shift[None, :]) & MASK) + ZERO_OFFSET) & MASK
-        scales = tl.load(scales_ptr + group[:, None] * stride_sg + offs_n[None, :], mask=kn_mask, other=0.0)
-        scales = scales.to(x.dtype).to(tl.float32)
-        w = ((q - zeros).to(tl.float32) * scales).to(x.dtype)
-        if DOT_IN_FP32:
-            # the interpreter multiplies bfloat16 operands as raw integers; widening first is exact
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(x, w, input_precision=INPUT_PRECISION)
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+        w = triton_tiles.grouped_affine_weights(q, zeros, scales_ptr, stride_sg, group, offs_n, kn_mask, x)
+        acc = triton_tiles.accumulate(acc, x, w, INPUT_PRECISION, DOT_IN_FP32)
+    triton_tiles.store_output(out_ptr, stride_om, acc, offs_m, offs_n, m_mask, n_mask)
 
 
 # Whether TRITON_INTERPRET was on when the kernel was decorated (tests on the CPU).
-INTERPRETED = type(_gptq_matmul_kernel).__name__ == "InterpretedFunction"
-
-
-def tile_sizes(rows: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K) for ``rows`` activation rows: small M tiles for decode."""
-    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    return block_m, 64, 64
+INTERPRETED = is_interpreted(_gptq_matmul_kernel)
 
 
 def gptq_matmul(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                 g_idx: torch.Tensor, bits: int, zero_offset: int) -> torch.Tensor:
     """``x`` [M, K] times the GPTQ weight [K, N] -> [M, N] in ``x``'s dtype (``bits`` divides 32)."""
-    rows, in_features = x.shape
-    out_features = scales.shape[1]
-    if x.device.type == "cpu" and not INTERPRETED:
-        raise RuntimeError(f"the gptq-triton kernel got CPU tensors: {CPU_REASON}")
-    x = x.contiguous()
-    out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
+    x, out = triton_tiles.launch_buffers(x, scales.shape[1], "gptq-triton kernel", INTERPRETED)
+    (rows, in_features), out_features = x.shape, out.shape[1]
     if rows == 0:
         return out
-    block_m, block_n, block_k = tile_sizes(rows)
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, block_n))
-    _gptq_matmul_kernel[grid](
+    _gptq_matmul_kernel[triton_tiles.grid(rows, out_features)](
         x, qweight, qzeros, scales, g_idx, out,
         rows, out_features, in_features,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
         BITS=bits,
         ZERO_OFFSET=zero_offset,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        DOT_IN_FP32=INTERPRETED,
+        **triton_tiles.launch_options(x, INTERPRETED),
     )
     return out

@@ -13,43 +13,33 @@ Parameters, under the checkpoint's names (fused shards along ``output_dim = 0``)
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api import LinearSpec, QuantKernel
+from tokenmill.plugin_api.checkpoint_writer import checkpoint_writer
+from tokenmill.plugin_api.configured_quantizer import ConfiguredQuantizer
+from tokenmill.plugin_api.fused_shards import quantized_whole
+from tokenmill.plugin_api.layer_parameters import layer_parameter, register_parameters
+from tokenmill.plugin_api.scale_loaders import RowScaleLoader
 from tokenmill_quant_int8 import int8_checkpoint
-from tokenmill_quant_int8.int8_scheme import INT_FORMATS, Int8Scheme, compressed_tensors_format
-from tokenmill_quant_int8.row_scale_loader import RowScaleLoader
+from tokenmill_quant_int8.int8_scheme import INT_FORMATS, Int8Scheme
 from tokenmill_quant_int8.w8a8_kernels import Int8IntMMKernel, Int8W8A8TorchKernel
 from tokenmill_quant_int8.weight_only_kernel import Int8WeightOnlyTorchKernel
 
-FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
-
-class INT8Quantizer(Quantizer):
+class INT8Quantizer(ConfiguredQuantizer):
     """int8 weights; W8A8 through ``torch._int_mm`` where the platform has int8 dot products."""
 
     name = "int8"
     api_version = (2, 0)
+    quant_method = "int8"
+    compressed_tensors_formats = INT_FORMATS
+    settings_cls = Int8Scheme  # W8A8 vs W8A16 and the modules left in full precision
 
     def __init__(self, scheme: Int8Scheme | None = None) -> None:
         self.scheme = scheme or Int8Scheme()
-
-    @classmethod
-    def detect(cls, hf_config: Mapping[str, Any], model_path: str) -> float:
-        """1.0 for ``quant_method: int8`` or a compressed-tensors ``int-quantized`` config."""
-        config = hf_config.get("quantization_config")
-        if isinstance(config, Mapping) and str(config.get("quant_method", "")).lower() == "int8":
-            return 1.0
-        return 1.0 if compressed_tensors_format(hf_config) in INT_FORMATS else 0.0
-
-    @classmethod
-    def from_config(cls, hf_config: Mapping[str, Any], model_path: str) -> INT8Quantizer:
-        """Parse W8A8 vs W8A16 and the modules left in full precision."""
-        return cls(Int8Scheme.from_hf_config(hf_config))
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """W8A8: ``_int_mm`` then the exact torch emulation; W8A16: the weight-only torch kernel."""
@@ -59,44 +49,23 @@ class INT8Quantizer(Quantizer):
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """False for ignored modules (``lm_head`` among them unless a config says otherwise)."""
-        covered = {self.scheme.quantizes(module) for module in _shard_modules(spec)}
-        if len(covered) > 1:
-            raise ValueError(f"{spec.prefix}: the checkpoint quantizes only some of the shards fused into this layer")
-        return covered.pop()
+        return quantized_whole(spec, self.scheme.quantizes)
 
     def create_weights(self, layer: Any, spec: LinearSpec) -> None:
         """Register ``weight``, ``weight_scale`` and the optional activation parameters."""
-        weight = _parameter(torch.zeros(spec.out_features, spec.in_features, dtype=torch.int8))
-        weight.output_dim = 0
-        scale = _parameter(torch.ones(spec.out_features, 1, dtype=torch.float32))
-        scale.weight_loader = RowScaleLoader(spec)
-        params = {"weight": weight, "weight_scale": scale}
+        params = {
+            "weight": layer_parameter(torch.zeros(spec.out_features, spec.in_features, dtype=torch.int8), output_dim=0),
+            "weight_scale": layer_parameter(torch.ones(spec.out_features, 1, dtype=torch.float32),
+                                            weight_loader=RowScaleLoader(spec)),
+        }
         for name in ("input_scale", "input_zero_point"):
-            param = _parameter(torch.zeros(len(spec.output_sizes), dtype=torch.float32))
-            param.per_shard = True
-            param.checkpoint_optional = True
-            params[name] = param
-        for name, param in params.items():
-            layer.register_parameter(name, param)
+            params[name] = layer_parameter(torch.zeros(len(spec.output_sizes), dtype=torch.float32), per_shard=True,
+                                           checkpoint_optional=True)
+        register_parameters(layer, params)
 
     def describe(self) -> str:
         """W8A8 or W8A16, and the config it came from."""
         return self.scheme.describe()
 
-    @classmethod
-    @functools.wraps(int8_checkpoint.quantize_checkpoint)
-    def quantize_checkpoint(cls, model_dir: str, out_dir: str, **options: Any) -> dict[str, Any]:
-        """Write a float checkpoint as int8 (see ``int8_checkpoint.quantize_checkpoint``)."""
-        return int8_checkpoint.quantize_checkpoint(model_dir, out_dir, **options)
+    quantize_checkpoint = checkpoint_writer(int8_checkpoint.quantize_checkpoint)
 
-
-def _shard_modules(spec: LinearSpec) -> list[str]:
-    parent, _, leaf = spec.prefix.rpartition(".")
-    shards = FUSED_SHARDS.get(leaf)
-    if shards is not None and len(shards) == len(spec.output_sizes):
-        return [f"{parent}.{shard}" for shard in shards]
-    return [spec.prefix]
-
-
-def _parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)

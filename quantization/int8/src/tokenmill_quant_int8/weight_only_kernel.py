@@ -7,13 +7,14 @@ from typing import Any, ClassVar
 import torch
 
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill.plugin_api.tiled_matmul import TILE_ELEMENTS, tile_rows, tiled_matmul
 
 
 class Int8WeightOnlyTorchKernel(QuantKernel):
     """Weight-only int8 (W8A16) in plain PyTorch, on any device."""
 
     name = "int8-w8a16-torch"
-    tile_elements: ClassVar[int] = 1 << 22
+    tile_elements: ClassVar[int] = TILE_ELEMENTS
 
     @classmethod
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
@@ -25,13 +26,8 @@ class Int8WeightOnlyTorchKernel(QuantKernel):
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ (weight * weight_scale).T + bias``."""
         out_features, in_features = layer.weight.shape
-        rows = x.reshape(-1, in_features)
-        out = rows.new_empty(rows.shape[0], out_features)
-        tile = max(1, self.tile_elements // in_features)
-        for first in range(0, out_features, tile):
-            end = min(out_features, first + tile)
-            weight = (layer.weight[first:end].to(torch.float32) * layer.weight_scale[first:end]).to(rows.dtype)
-            out[:, first:end] = rows @ weight.T
-        if bias is not None:
-            out += bias
-        return out.reshape(*x.shape[:-1], out_features)
+
+        def weight_rows(first: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+            return (layer.weight[first:end].to(torch.float32) * layer.weight_scale[first:end]).to(dtype)
+
+        return tiled_matmul(x, out_features, tile_rows(in_features, 1, self.tile_elements), weight_rows, bias)
