@@ -6,15 +6,11 @@ from __future__ import annotations
 import os
 import sys
 
-import torch  # noqa: F401
+import pytest
 
-# Imported here so the in-process runs below find them already loaded (pytester restores
-# sys.modules afterwards, and torch cannot be imported twice).
-import tokenmill.plugin_api.reference_attention  # noqa: F401
-import tokenmill_testkit.attention_conformance  # noqa: F401
-import tokenmill_testkit.platform_conformance  # noqa: F401
-import tokenmill_testkit.quantizer_conformance  # noqa: F401
-
+# Each suite runs in its own pytest process: an in-process run restores sys.modules afterwards, and
+# torch modules first imported inside it cannot be imported a second time by the tests that follow.
+pytestmark = pytest.mark.live
 pytest_plugins = ["pytester"]
 ARGS = ("-p", "no:cacheprovider", "--import-mode=importlib", "-q", "-rfs")
 
@@ -172,7 +168,7 @@ def _failed_tests(result) -> set[str]:
 def test_platform_suite(pytester):
     pytester.makepyfile(test_platforms=PLATFORMS)
     try:
-        result = pytester.runpytest(*ARGS)
+        result = pytester.runpytest_subprocess(*ARGS)
     finally:
         os.environ.pop("TESTKIT_LEAKY_PROBE", None)
         sys.modules.pop("pynvml", None)
@@ -184,7 +180,7 @@ def test_platform_suite(pytester):
 
 def test_attention_suite(pytester):
     pytester.makepyfile(test_attention=ATTENTION)
-    result = pytester.runpytest(*ARGS)
+    result = pytester.runpytest_subprocess(*ARGS)
     failed = _failed_tests(result)
     assert failed and all(name.startswith("TestForgetful::test_") for name in failed), failed
     # Prefill-only batches have no context, so only mixes with cached tokens expose the bug.
@@ -197,7 +193,7 @@ def test_attention_suite(pytester):
 
 def test_quantizer_suite(pytester):
     pytester.makepyfile(test_quantizer=QUANTIZER)
-    result = pytester.runpytest(*ARGS)
+    result = pytester.runpytest_subprocess(*ARGS)
     assert _failed_tests(result) == {"TestInt8::test_kernel_matches_reference[int8-forgets-bias-float32-qkv_proj]"}
     result.stdout.fnmatch_lines(["*int8-forgets-bias on input (5, 256): max |error|*exceeds*"])
     assert result.parseoutcomes()["passed"] >= 8
