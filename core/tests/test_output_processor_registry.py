@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 
 from tokenmill.engine.frontend_stats import IterationStats
-from tokenmill.engine.messages import EngineCoreOutput
+from tokenmill.engine.messages import EngineCoreOutput, EngineCoreRequest
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.sampling_params import SamplingParams
 
 
+def request(request_id, prompt_ids, arrival_time=10.0, **params):
+    return EngineCoreRequest(request_id, prompt_ids, SamplingParams(detokenize=False, **params),
+                             arrival_time=arrival_time)
+
+
 def test_queued_requests_get_their_outputs_in_the_queue_and_leave_when_finished():
     processor, queue = OutputProcessor(), asyncio.Queue()
-    processor.add_request("q", None, [1, 2], SamplingParams(detokenize=False), arrival_time=10.0, queue=queue)
-    processor.add_request("plain", None, [1], SamplingParams(detokenize=False), arrival_time=10.0)
+    processor.add_request(request("q", [1, 2]), None, queue=queue)
+    processor.add_request(request("plain", [1]), None)
     returned, _ = processor.process([EngineCoreOutput("q", [5]), EngineCoreOutput("plain", [6], finish_reason="length")])
     assert [o.request_id for o in returned] == ["plain"]
     assert queue.get_nowait().outputs[0].token_ids == [5]
@@ -25,7 +30,7 @@ def test_queued_requests_get_their_outputs_in_the_queue_and_leave_when_finished(
 
 def test_children_count_as_sequences_until_the_parent_finishes_and_map_back_to_it():
     processor = OutputProcessor()
-    processor.add_request("r", None, [1], SamplingParams(n=3, detokenize=False))
+    processor.add_request(request("r", [1], n=3), None)
     assert processor.num_sequences == 3 and processor.num_unfinished_requests == 1
     assert processor.request_of("2_r").request_id == "r" and processor.request_of("r") is None
     processor.process([EngineCoreOutput("0_r", [4], finish_reason="length")])
@@ -37,7 +42,7 @@ def test_children_count_as_sequences_until_the_parent_finishes_and_map_back_to_i
 
 def test_step_statistics_count_each_request_once_per_step():
     processor = OutputProcessor()
-    processor.add_request("r", None, [1, 2, 3], SamplingParams(n=2, detokenize=False), arrival_time=10.0)
+    processor.add_request(request("r", [1, 2, 3], n=2), None)
     first = IterationStats(12.0)
     processor.process([EngineCoreOutput("0_r", [4]), EngineCoreOutput("1_r", [5, 6])], 12.0, first)
     assert first.time_to_first_token == [2.0] and first.inter_token_latency == []
@@ -54,7 +59,7 @@ def test_step_statistics_count_each_request_once_per_step():
 
 def test_an_abort_is_recorded_once_with_the_tokens_generated_so_far():
     processor = OutputProcessor()
-    processor.add_request("r", None, [1, 2], SamplingParams(detokenize=False), arrival_time=10.0)
+    processor.add_request(request("r", [1, 2]), None)
     processor.process([EngineCoreOutput("r", [4, 5])], 11.0)
     stats = IterationStats(13.0)
     assert processor.abort(["r", "unknown"], stats) == ["r"]

@@ -40,7 +40,6 @@ from tokenmill.engine.request_outcomes import Embeddings, QueueFullError, Reques
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.stats import SchedulerStats
-from tokenmill.tokenizer import bad_words_token_ids
 
 logger = logging.getLogger("tokenmill")
 
@@ -164,19 +163,11 @@ class AsyncLLM:
         if not self.ready.can_generate:
             raise ValueError(CANNOT_GENERATE)
         params = self.inputs.validate(prompt_token_ids, params)
-        if params.bad_words and params.bad_words_token_ids is None:
-            params = params.clone(bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
         self.check_admission(params.num_candidates)
-        arrival = time.time()
+        request = EngineCoreRequest(request_id, prompt_token_ids, params, eos_token_ids=list(self.inputs.eos_token_ids),
+                                    arrival_time=time.time(), priority=priority, cache_salt=cache_salt)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        engine_requests = self.outputs.add_request(request_id, prompt_text, prompt_token_ids, params, self.tokenizer,
-                                                   arrival, queue)
-        first = engine_requests[0][0] if len(engine_requests) > 1 else None
-        eos = list(self.inputs.eos_token_ids)
-        self.client.add_requests([
-            EngineCoreRequest(engine_id, prompt_token_ids, child_params, eos_token_ids=eos, arrival_time=arrival,
-                              priority=priority, cache_salt=cache_salt, fork_of=first if engine_id != first else None)
-            for engine_id, child_params in engine_requests])
+        self.client.add_requests(self.outputs.add_request(request, prompt_text, self.tokenizer, queue))
         return queue
 
     def check_admission(self, num_sequences: int) -> None:

@@ -11,28 +11,25 @@ RequestOutput.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from tokenmill.engine.frontend_stats import IterationStats
-from tokenmill.engine.messages import EngineCoreOutput
+from tokenmill.engine.messages import EngineCoreOutput, EngineCoreRequest
+from tokenmill.engine.parallel_sampling import fan_out
 from tokenmill.engine.request_state import RequestState
 from tokenmill.engine.sequence_state import SequenceState
 from tokenmill.outputs import RequestOutput
-from tokenmill.sampling_params import SamplingParams
 from tokenmill.tokenizer.bad_words import bad_words_token_ids
-
-
-def child_request_id(index: int, parent_id: str) -> str:
-    """The engine-core id of the ``index``-th sequence of a request sampled more than once."""
-    return f"{index}_{parent_id}"
 
 
 class OutputProcessor:
     """Tracks every unfinished request between the engine core and the user.
 
     ``add_request`` returns the engine requests to run: the request itself, or for ``n`` > 1 /
-    ``best_of`` one child per candidate. ``process`` consumes one step's EngineCoreOutputs: it puts
+    ``best_of`` one child per candidate (``parallel_sampling.fan_out``). ``process`` consumes one step's EngineCoreOutputs: it puts
     each RequestOutput in its request's queue, or returns it when the request has none, together
     with the engine ids to finish because a stop string ended them (the engine only knows
     token-level stops). A request leaves the registry when it finishes or is aborted.
@@ -44,49 +41,36 @@ class OutputProcessor:
         self._num_sequences = 0  # engine requests of the registered requests (finished children included)
 
     def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: Sequence[int],
-        sampling_params: SamplingParams,
-        tokenizer: Any | None = None,
-        arrival_time: float | None = None,
-        queue: Any | None = None,
-    ) -> list[tuple[str, SamplingParams]]:
-        """Start tracking a request; return ``(engine request id, sampling params)`` to submit.
+        self, request: EngineCoreRequest, prompt: str | None, tokenizer: Any | None = None, queue: Any | None = None
+    ) -> list[EngineCoreRequest]:
+        """Start tracking a request; return the engine requests to submit (``fan_out``: the request
+        itself, or one child per candidate for ``n`` > 1 / ``best_of``).
 
-        Children of a parallel-sampling request get ids ``child_request_id(i, request_id)``, seeds
-        ``seed + i``, prompt logprobs only on child 0, and logprobs=0 when ``best_of`` > ``n`` and
-        the user asked for none, so their cumulative logprobs can be ranked at the end. ``bad_words``
-        not yet tokenized are tokenized here (``bad_words_token_ids``), since the sampler has no tokenizer.
-        ``queue`` (an asyncio.Queue) receives the request's RequestOutputs instead of ``process``'s result.
+        ``bad_words`` not yet tokenized are tokenized here (``bad_words_token_ids``), since the
+        sampler has no tokenizer. ``queue`` (an asyncio.Queue) receives the request's RequestOutputs
+        instead of ``process``'s result.
         """
+        request_id, params = request.request_id, request.sampling_params
         if request_id in self._requests:
             raise ValueError(f"Request id {request_id!r} is already running.")
-        if tokenizer is None and sampling_params.detokenize and sampling_params.stop:
+        if tokenizer is None and params.detokenize and params.stop:
             raise ValueError("Stop strings need a tokenizer to detokenize the output.")
-        if sampling_params.bad_words and sampling_params.bad_words_token_ids is None:
+        if params.bad_words and params.bad_words_token_ids is None:
             if tokenizer is None:
                 raise ValueError("bad_words need a tokenizer; pass bad_words_token_ids instead.")
-            sampling_params = sampling_params.clone(
-                bad_words_token_ids=bad_words_token_ids(tokenizer, sampling_params.bad_words)
-            )
-        request = RequestState(request_id, prompt, list(prompt_token_ids), sampling_params, tokenizer, arrival_time,
-                               queue)
-        candidates = sampling_params.num_candidates
-        engine_requests = []
-        for index in range(candidates):
-            engine_id = request_id if candidates == 1 else child_request_id(index, request_id)
-            params = sampling_params if candidates == 1 else _child_params(sampling_params, index)
-            sequence = SequenceState(
-                index, params, request.prompt_token_ids, tokenizer, sampling_params.logprobs is not None
-            )
-            request.sequences.append(sequence)
-            request.engine_ids.append(engine_id)
-            self._sequences[engine_id] = (request, sequence)
-            engine_requests.append((engine_id, params))
-        self._requests[request_id] = request
-        self._num_sequences += len(request.engine_ids)
+            params = params.clone(bad_words_token_ids=bad_words_token_ids(tokenizer, params.bad_words))
+            request = msgspec.structs.replace(request, sampling_params=params)
+        state = RequestState(request_id, prompt, list(request.prompt_token_ids), params, tokenizer,
+                             request.arrival_time, queue)
+        engine_requests = fan_out(request)
+        for index, engine_request in enumerate(engine_requests):
+            sequence = SequenceState(index, engine_request.sampling_params, state.prompt_token_ids, tokenizer,
+                                     params.logprobs is not None)
+            state.sequences.append(sequence)
+            state.engine_ids.append(engine_request.request_id)
+            self._sequences[engine_request.request_id] = (state, sequence)
+        self._requests[request_id] = state
+        self._num_sequences += len(engine_requests)
         return engine_requests
 
     def process(
@@ -169,16 +153,3 @@ class OutputProcessor:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
-
-
-def _child_params(params: SamplingParams, index: int) -> SamplingParams:
-    logprobs = params.logprobs
-    if logprobs is None and params.num_candidates > params.n:
-        logprobs = 0
-    return params.clone(
-        n=1,
-        best_of=None,
-        seed=None if params.seed is None else params.seed + index,
-        logprobs=logprobs,
-        prompt_logprobs=params.prompt_logprobs if index == 0 else None,
-    )

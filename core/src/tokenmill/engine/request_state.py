@@ -8,6 +8,7 @@ from typing import Any
 
 from tokenmill.engine.frontend_stats import FinishedRequestStats, IterationStats
 from tokenmill.engine.messages import EngineCoreOutput
+from tokenmill.engine.parallel_sampling import best_completions
 from tokenmill.engine.sequence_state import SequenceState, logprob_dicts
 from tokenmill.outputs import PromptLogprobs, RequestMetrics, RequestOutput
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
@@ -79,12 +80,7 @@ class RequestState:
             sequences = self.sequences
         completions = [s.completion(self.kind) for s in sequences]
         if finished and self.selects_best:
-            completions.sort(
-                key=lambda c: float("-inf") if c.cumulative_logprob is None else c.cumulative_logprob, reverse=True
-            )
-            completions = completions[: self.params.n]
-            for index, completion in enumerate(completions):
-                completion.index = index
+            completions = best_completions(completions, self.params.n)
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
