@@ -20,12 +20,6 @@ from typing import Any
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
-from tokenmill.engine.core_process import (
-    CANNOT_GENERATE,
-    EngineCoreEmbeddings,
-    EngineCoreEmbedRequest,
-    EngineCoreFailure,
-)
 from tokenmill.engine.embedding_inputs import embedding_prompts
 from tokenmill.engine.frontend_model import (
     front_end_model_config,
@@ -34,7 +28,14 @@ from tokenmill.engine.frontend_model import (
 )
 from tokenmill.engine.frontend_stats import FinishedRequestStats, IterationStats, StatsListener
 from tokenmill.engine.input_processor import InputProcessor
-from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.messages import (
+    CANNOT_GENERATE,
+    EngineCoreEmbeddings,
+    EngineCoreEmbedRequest,
+    EngineCoreFailure,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+)
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request_outcomes import Embeddings, QueueFullError, RequestAbortedError, RequestRejectedError
 from tokenmill.outputs import RequestOutput
@@ -277,12 +278,9 @@ class AsyncLLM:
 
     def _process(self, step: EngineCoreOutputs) -> None:
         now = time.time()
-        stats = IterationStats(now, scheduler=SchedulerStats(
-            num_running=step.num_running, num_waiting=step.num_waiting, kv_cache_usage=step.kv_cache_usage,
-            prefix_cache_queries=step.prefix_cache_queries, prefix_cache_hits=step.prefix_cache_hits,
-            num_preemptions=step.num_preemptions, spec_num_drafts=step.spec_num_drafts,
-            spec_num_draft_tokens=step.spec_num_draft_tokens, spec_num_accepted_tokens=step.spec_num_accepted_tokens))
-        self.last_scheduler_stats = stats.scheduler
+        stats = IterationStats(now, scheduler=step.scheduler_stats)
+        if step.scheduler_stats is not None:
+            self.last_scheduler_stats = step.scheduler_stats
         _, stopped = self.outputs.process(step.outputs, now, stats)  # every request has a queue
         if stopped:
             self.client.finish_requests(stopped)

@@ -16,6 +16,7 @@ from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.stats import SchedulerStats
 from tokenmill.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger("tokenmill")
@@ -37,7 +38,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.inputs = InputProcessor(tokenizer, config.model, config.max_logprobs)
         self.outputs = OutputProcessor()
-        self.last_stats = None
+        self.last_stats: SchedulerStats | None = None  # the scheduler's after the last step
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -75,7 +76,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine iteration; returns the RequestOutputs that changed."""
         core_outputs = self.core.step()
-        self.last_stats = core_outputs
+        self.last_stats = core_outputs.scheduler_stats
         request_outputs, stopped = self.outputs.process(core_outputs.outputs, core_outputs.timestamp)
         if stopped:
             self.core.finish_requests(stopped, stop_reason=None)
