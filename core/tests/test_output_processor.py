@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill.engine.messages import EngineCoreOutput, LogprobsEntry
-from tokenmill.engine.output_processor import OutputProcessor, child_request_id
+from tokenmill.engine.messages import EngineCoreOutput, EngineCoreRequest, LogprobsEntry
+from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.engine.parallel_sampling import child_request_id
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill.tokenizer import load_tokenizer
 
@@ -47,12 +48,14 @@ def run(processor, request_id, token_ids, finish_reason="length", stop_reason=No
 
 
 def add(processor, tokenizer, request_id="r", prompt_ids=(1, 2), **params):
-    return processor.add_request(request_id, "prompt", list(prompt_ids), SamplingParams(**params), tokenizer, 50.0)
+    """Register a request; return its engine requests as (id, sampling params, fork_of)."""
+    request = EngineCoreRequest(request_id, list(prompt_ids), SamplingParams(**params), arrival_time=50.0)
+    return [(r.request_id, r.sampling_params, r.fork_of) for r in processor.add_request(request, "prompt", tokenizer)]
 
 
 def test_cumulative_output_decodes_the_tokens_and_finishes_with_length(tokenizer, ids):
     processor = OutputProcessor()
-    assert add(processor, tokenizer, max_tokens=len(ids)) == [("r", SamplingParams(max_tokens=len(ids)))]
+    assert add(processor, tokenizer, max_tokens=len(ids)) == [("r", SamplingParams(max_tokens=len(ids)), None)]
     outputs, aborts = run(processor, "r", ids)
     final = outputs[-1][0]
     assert final.finished and final.outputs[0].text == TEXT and final.outputs[0].token_ids == ids
@@ -155,9 +158,10 @@ def test_parallel_sampling_aggregates_children(tokenizer, ids):
     processor = OutputProcessor()
     engine_requests = add(processor, tokenizer, n=2, seed=10, prompt_logprobs=0)
     assert [r[0] for r in engine_requests] == [child_request_id(0, "r"), child_request_id(1, "r")] == ["0_r", "1_r"]
-    assert [p.seed for _, p in engine_requests] == [10, 11]
-    assert [p.prompt_logprobs for _, p in engine_requests] == [0, None]
-    assert all(p.n == 1 and p.best_of is None for _, p in engine_requests)
+    assert [p.seed for _, p, _ in engine_requests] == [10, 11]
+    assert [p.prompt_logprobs for _, p, _ in engine_requests] == [0, None]
+    assert all(p.n == 1 and p.best_of is None for _, p, _ in engine_requests)
+    assert [fork_of for _, _, fork_of in engine_requests] == [None, "0_r"]  # the second shares the first's prompt
 
     (first,), _ = processor.process([EngineCoreOutput("0_r", ids[:2]), EngineCoreOutput("1_r", ids[5:6])])
     assert first.request_id == "r" and not first.finished
@@ -183,7 +187,7 @@ def test_parallel_sampling_deltas_carry_only_the_children_that_moved(tokenizer, 
 def test_best_of_keeps_the_n_most_likely_at_the_end(tokenizer, ids):
     processor = OutputProcessor()
     engine_requests = add(processor, tokenizer, n=2, best_of=3, output_kind=RequestOutputKind.DELTA)
-    assert [p.logprobs for _, p in engine_requests] == [0, 0, 0]  # needed to rank the candidates
+    assert [p.logprobs for _, p, _ in engine_requests] == [0, 0, 0]  # needed to rank the candidates
     scores = {"0_r": -5.0, "1_r": -1.0, "2_r": -3.0}
     for child, score in scores.items():
         entry = LogprobsEntry([ids[0]], [score], [1])
@@ -216,9 +220,9 @@ def test_abort_returns_engine_ids_and_forgets_the_request(tokenizer, ids):
 
 def test_without_detokenizing_only_token_ids_come_back(ids):
     processor = OutputProcessor()
-    processor.add_request("r", None, [1], SamplingParams(detokenize=False), tokenizer=None)
+    processor.add_request(EngineCoreRequest("r", [1], SamplingParams(detokenize=False)), None, tokenizer=None)
     with pytest.raises(ValueError, match="need a tokenizer"):
-        processor.add_request("s", None, [1], SamplingParams(stop=["x"]), tokenizer=None)
+        processor.add_request(EngineCoreRequest("s", [1], SamplingParams(stop=["x"])), None, tokenizer=None)
     outputs, _ = run(processor, "r", ids[:4])
     completion = outputs[-1][0].outputs[0]
     assert completion.text == "" and completion.token_ids == ids[:4]
@@ -226,7 +230,7 @@ def test_without_detokenizing_only_token_ids_come_back(ids):
 
 def test_bad_words_are_tokenized_for_the_engine(tokenizer):
     processor = OutputProcessor()
-    ((_, params),) = add(processor, tokenizer, bad_words=["world"])
+    ((_, params, _),) = add(processor, tokenizer, bad_words=["world"])
     assert tokenizer.encode(" world", add_special_tokens=False) in params.bad_words_token_ids
     with pytest.raises(ValueError, match="bad_words need a tokenizer"):
-        processor.add_request("s", None, [1], SamplingParams(bad_words=["x"]), tokenizer=None)
+        processor.add_request(EngineCoreRequest("s", [1], SamplingParams(bad_words=["x"])), None, tokenizer=None)

@@ -15,12 +15,12 @@ from transformers import AutoModel, AutoModelForCausalLM, BertConfig, LlamaConfi
 
 from tokenmill.config import EngineArgs
 from tokenmill.discovery.attention_choice import AttentionChoice
-from tokenmill.engine import core_process as wire
+from tokenmill.engine import messages as wire
 from tokenmill.engine.config_resolver import resolve_config
 from tokenmill.engine.core_builder import build_engine_core
-from tokenmill.engine.core_process import EngineCoreEmbedRequest, EngineCoreProc, ready_message
+from tokenmill.engine.core_process import EngineCoreProc, ready_message
 from tokenmill.engine.embedding import Embedder
-from tokenmill.engine.messages import EngineCoreRequest
+from tokenmill.engine.messages import EngineCoreEmbedRequest, EngineCoreRequest
 from tokenmill.plugin_api import MemoryInfo, PlatformCapabilities
 from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform
@@ -86,7 +86,7 @@ def test_encoder_skips_kv_profiling_and_decode_graphs(bert_config):
 
 
 def _send(socket, kind, payload):
-    socket.send_multipart([kind, wire.encoder.encode(payload)])
+    socket.send_multipart(wire.frame(kind, payload))
 
 
 def _replies(socket, count):
@@ -94,10 +94,8 @@ def _replies(socket, count):
     for _ in range(count):
         assert socket.poll(30_000), f"no reply after {replies}"
         kind, payload = socket.recv_multipart()
-        if kind == wire.EMBEDDINGS:
-            replies.append(wire.embeddings_decoder.decode(payload))
-        elif kind == wire.REJECTED:
-            replies.append(wire.failure_decoder.decode(payload))
+        if kind in (wire.EMBEDDINGS, wire.REJECTED):
+            replies.append(wire.decode(kind, payload))
         else:
             raise AssertionError(f"unexpected message {kind!r}")
     return {reply.request_id: reply for reply in replies}

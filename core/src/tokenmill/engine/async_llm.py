@@ -1,8 +1,10 @@
 """AsyncLLM: the asyncio front end of the server — an InputProcessor and an OutputProcessor in this
 process, the EngineCore in its own process behind an EngineCoreClient (LLMEngine's structure, async).
 
-One task reads the engine's outputs and routes RequestOutputs to per-request queues (and finished
-embeddings to their futures), so the event loop never waits on the model. Tokenization and chat
+Its generate requests live in the OutputProcessor's registry and nowhere else: each carries the
+asyncio queue its iterator reads. One task reads the engine's outputs and hands them to the
+OutputProcessor, which puts RequestOutputs in those queues (finished embeddings go to their
+futures), so the event loop never waits on the model. Tokenization and chat
 templates run on one worker thread. When the engine dies every waiting request fails with
 EngineDeadError instead of hanging.
 """
@@ -18,12 +20,6 @@ from typing import Any
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
-from tokenmill.engine.core_process import (
-    CANNOT_GENERATE,
-    EngineCoreEmbeddings,
-    EngineCoreEmbedRequest,
-    EngineCoreFailure,
-)
 from tokenmill.engine.embedding_inputs import embedding_prompts
 from tokenmill.engine.frontend_model import (
     front_end_model_config,
@@ -32,13 +28,19 @@ from tokenmill.engine.frontend_model import (
 )
 from tokenmill.engine.frontend_stats import FinishedRequestStats, IterationStats, StatsListener
 from tokenmill.engine.input_processor import InputProcessor
-from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.messages import (
+    CANNOT_GENERATE,
+    EngineCoreEmbeddings,
+    EngineCoreEmbedRequest,
+    EngineCoreFailure,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+)
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request_outcomes import Embeddings, QueueFullError, RequestAbortedError, RequestRejectedError
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.stats import SchedulerStats
-from tokenmill.tokenizer import bad_words_token_ids
 
 logger = logging.getLogger("tokenmill")
 
@@ -46,20 +48,6 @@ __all__ = ["AsyncLLM", "Embeddings", "EngineDeadError", "FinishedRequestStats", 
            "RequestAbortedError", "RequestRejectedError"]
 
 DEFAULT_MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per /v1/embeddings request
-
-
-class _Tracked:
-    """A running user request: its output queue and its timing."""
-
-    def __init__(self, request_id: str, engine_ids: list[str], num_prompt_tokens: int, arrival: float) -> None:
-        self.request_id = request_id
-        self.engine_ids = engine_ids
-        self.num_prompt_tokens = num_prompt_tokens
-        self.arrival = arrival
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.first_token_time: float | None = None
-        self.last_token_time: float | None = None
-        self.num_generation_tokens = 0
 
 
 class AsyncLLM:
@@ -76,10 +64,7 @@ class AsyncLLM:
         self.max_waiting_requests = max_waiting_requests
         self.dead_error: EngineDeadError | None = None
         self.last_scheduler_stats: SchedulerStats | None = None
-        self._requests: dict[str, _Tracked] = {}
         self._embeddings: dict[str, asyncio.Future[EngineCoreEmbeddings]] = {}
-        self._parents: dict[str, str] = {}  # engine-core id -> user request id
-        self._num_sequences = 0
         self._listeners: list[StatsListener] = []
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         self._output_task: asyncio.Task | None = None
@@ -136,7 +121,7 @@ class AsyncLLM:
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self._requests) + len(self._embeddings)
+        return self.outputs.num_unfinished_requests + len(self._embeddings)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     prompt_text: str | None = None, priority: int = 0,
@@ -147,7 +132,8 @@ class AsyncLLM:
         Closing the iterator early (a client disconnect, a cancelled task) aborts all its sequences;
         so does ``abort(request_id)`` for an iterator that was never started.
         """
-        return self._outputs(self._add(request_id, prompt_token_ids, params, prompt_text, priority, cache_salt))
+        queue = self._add(request_id, prompt_token_ids, params, prompt_text, priority, cache_salt)
+        return self._outputs(request_id, queue)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        **kwargs: Any) -> AsyncIterator[RequestOutput]:
@@ -155,11 +141,11 @@ class AsyncLLM:
         async for output in self.add_request(request_id, prompt_token_ids, params, **kwargs):
             yield output
 
-    async def _outputs(self, tracked: _Tracked) -> AsyncIterator[RequestOutput]:
+    async def _outputs(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while True:
-                item = await tracked.queue.get()
+                item = await queue.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -169,34 +155,21 @@ class AsyncLLM:
                     return
         finally:
             if not finished:
-                self.abort(tracked.request_id)
+                self.abort(request_id)
 
     def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt_text: str | None,
-             priority: int, cache_salt: str | None) -> _Tracked:
+             priority: int, cache_salt: str | None) -> asyncio.Queue[RequestOutput | BaseException]:
         if self.dead_error is not None:
             raise self.dead_error
         if not self.ready.can_generate:
             raise ValueError(CANNOT_GENERATE)
         params = self.inputs.validate(prompt_token_ids, params)
-        if params.bad_words and params.bad_words_token_ids is None:
-            params = params.clone(bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
         self.check_admission(params.num_candidates)
-        arrival = time.time()
-        engine_requests = self.outputs.add_request(request_id, prompt_text, prompt_token_ids, params, self.tokenizer,
-                                                   arrival)
-        engine_ids = [engine_id for engine_id, _ in engine_requests]
-        tracked = _Tracked(request_id, engine_ids, len(prompt_token_ids), arrival)
-        self._requests[request_id] = tracked
-        self._num_sequences += len(engine_ids)
-        first = engine_ids[0] if len(engine_ids) > 1 else None
-        eos = list(self.inputs.eos_token_ids)
-        for engine_id, _ in engine_requests:
-            self._parents[engine_id] = request_id
-        self.client.add_requests([
-            EngineCoreRequest(engine_id, prompt_token_ids, child_params, eos_token_ids=eos, arrival_time=arrival,
-                              priority=priority, cache_salt=cache_salt, fork_of=first if engine_id != first else None)
-            for engine_id, child_params in engine_requests])
-        return tracked
+        request = EngineCoreRequest(request_id, prompt_token_ids, params, eos_token_ids=list(self.inputs.eos_token_ids),
+                                    arrival_time=time.time(), priority=priority, cache_salt=cache_salt)
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.client.add_requests(self.outputs.add_request(request, prompt_text, self.tokenizer, queue))
+        return queue
 
     def check_admission(self, num_sequences: int) -> None:
         """QueueFullError when ``num_sequences`` more would overfill the waiting queue (callers may
@@ -204,8 +177,9 @@ class AsyncLLM:
         if self.max_waiting_requests is None:
             return
         capacity = self.ready.max_num_seqs + self.max_waiting_requests
-        if self._num_sequences + num_sequences > capacity:
-            raise QueueFullError(f"The server is at capacity ({self._num_sequences} sequences running or waiting, "
+        running = self.outputs.num_sequences
+        if running + num_sequences > capacity:
+            raise QueueFullError(f"The server is at capacity ({running} sequences running or waiting, "
                                  f"at most {capacity}); retry later.")
 
     async def embed(self, request_id: str, inputs: str | Sequence[Any], *,
@@ -241,21 +215,18 @@ class AsyncLLM:
 
     def abort(self, request_id: str) -> None:
         """Stop a request (all its sequences); the engine frees its cache blocks at its next step."""
-        tracked = self._forget(request_id)
-        if tracked is None:
-            return
+        stats = IterationStats(time.time())
+        engine_ids = self.outputs.abort([request_id], stats)
+        if not stats.finished:
+            return  # finished or aborted already
         if self.client.is_alive:
-            self.client.abort_requests(self.outputs.abort([request_id]))
-        else:
-            self.outputs.abort([request_id])
-        now = time.time()
-        self._emit(IterationStats(now, finished=[FinishedRequestStats(
-            "abort", now - tracked.arrival, tracked.num_prompt_tokens, tracked.num_generation_tokens)]))
+            self.client.abort_requests(engine_ids)
+        self._emit(stats)
 
     def abort_all(self, message: str) -> int:
         """Abort every request; each waiting generate() or embed() raises RequestAbortedError(message)."""
-        tracked = list(self._requests.values())
-        for request in tracked:
+        requests = self.outputs.requests()
+        for request in requests:
             request.queue.put_nowait(RequestAbortedError(message))
             self.abort(request.request_id)
         embeddings = list(self._embeddings)
@@ -263,15 +234,7 @@ class AsyncLLM:
             self._settle(request_id, RequestAbortedError(message))
         if embeddings and self.client.is_alive:
             self.client.abort_requests(embeddings)
-        return len(tracked) + len(embeddings)
-
-    def _forget(self, request_id: str) -> _Tracked | None:
-        tracked = self._requests.pop(request_id, None)
-        if tracked is not None:
-            self._num_sequences -= len(tracked.engine_ids)
-            for engine_id in tracked.engine_ids:
-                self._parents.pop(engine_id, None)
-        return tracked
+        return len(requests) + len(embeddings)
 
     # -- outputs ---------------------------------------------------------------------------------
 
@@ -307,60 +270,28 @@ class AsyncLLM:
         if failure.request_id in self._embeddings:
             self._settle(failure.request_id, RequestRejectedError(failure.message))
             return
-        request_id = self._parents.get(failure.request_id or "")
-        if request_id is None:
+        request = self.outputs.request_of(failure.request_id or "")
+        if request is None:
             return
-        tracked = self._requests[request_id]
-        self.abort(request_id)
-        tracked.queue.put_nowait(RequestRejectedError(failure.message))
+        self.abort(request.request_id)
+        request.queue.put_nowait(RequestRejectedError(failure.message))
 
     def _process(self, step: EngineCoreOutputs) -> None:
         now = time.time()
-        stats = IterationStats(now, scheduler=SchedulerStats(
-            num_running=step.num_running, num_waiting=step.num_waiting, kv_cache_usage=step.kv_cache_usage,
-            prefix_cache_queries=step.prefix_cache_queries, prefix_cache_hits=step.prefix_cache_hits,
-            num_preemptions=step.num_preemptions, spec_num_drafts=step.spec_num_drafts,
-            spec_num_draft_tokens=step.spec_num_draft_tokens, spec_num_accepted_tokens=step.spec_num_accepted_tokens))
-        self.last_scheduler_stats = stats.scheduler
-        stepped: set[str] = set()
-        for output in step.outputs:
-            request_id = self._parents.get(output.request_id)
-            if request_id is None or not output.new_token_ids:
-                continue
-            tracked = self._requests[request_id]
-            tracked.num_generation_tokens += len(output.new_token_ids)
-            stats.num_generation_tokens += len(output.new_token_ids)
-            if request_id in stepped:
-                continue
-            stepped.add(request_id)
-            if tracked.first_token_time is None:
-                tracked.first_token_time = now
-                stats.time_to_first_token.append(now - tracked.arrival)
-                stats.num_prompt_tokens += tracked.num_prompt_tokens
-            else:
-                stats.inter_token_latency.append(now - tracked.last_token_time)
-            tracked.last_token_time = now
-        request_outputs, stopped = self.outputs.process(step.outputs, now)
+        stats = IterationStats(now, scheduler=step.scheduler_stats)
+        if step.scheduler_stats is not None:
+            self.last_scheduler_stats = step.scheduler_stats
+        _, stopped = self.outputs.process(step.outputs, now, stats)  # every request has a queue
         if stopped:
             self.client.finish_requests(stopped)
-        for request_output in request_outputs:
-            tracked = self._requests.get(request_output.request_id)
-            if tracked is None:
-                continue
-            tracked.queue.put_nowait(request_output)
-            if request_output.finished:
-                self._forget(tracked.request_id)
-                reason = next((c.finish_reason for c in request_output.outputs if c.finish_reason), "stop")
-                stats.finished.append(FinishedRequestStats(reason, now - tracked.arrival, tracked.num_prompt_tokens,
-                                                           tracked.num_generation_tokens))
         self._emit(stats)
 
     def _die(self, error: EngineDeadError) -> None:
         logger.error("the engine stopped: %s", error)
         self.dead_error = error
-        for tracked in list(self._requests.values()):
-            self._forget(tracked.request_id)
-            tracked.queue.put_nowait(error)
+        for request in self.outputs.requests():
+            self.outputs.abort([request.request_id])
+            request.queue.put_nowait(error)
         for request_id in list(self._embeddings):
             self._settle(request_id, error)
         for callback in self._death_callbacks:

@@ -23,14 +23,15 @@ import zmq
 import zmq.asyncio
 
 from tokenmill.config import EngineArgs
-from tokenmill.engine import core_process as wire
-from tokenmill.engine.core_process import (
+from tokenmill.engine import messages as wire
+from tokenmill.engine.messages import (
     EngineCoreEmbeddings,
     EngineCoreEmbedRequest,
     EngineCoreFailure,
+    EngineCoreOutputs,
     EngineCoreReady,
+    EngineCoreRequest,
 )
-from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger("tokenmill")
 
@@ -82,10 +83,10 @@ class EngineCoreClient:
         except TimeoutError:
             raise EngineDeadError(f"the engine was not ready within {timeout:.0f} s") from None
         if kind == wire.DEAD:
-            raise EngineDeadError(f"the engine failed to start: {wire.failure_decoder.decode(payload).message}")
+            raise EngineDeadError(f"the engine failed to start: {wire.decode(kind, payload).message}")
         if kind != wire.READY:
             raise EngineDeadError(f"the engine sent {kind[:32]!r} before it was ready")
-        self.ready = wire.ready_decoder.decode(payload)
+        self.ready = wire.decode(kind, payload)
         return self.ready
 
     async def get_output(self) -> EngineCoreOutputs | EngineCoreEmbeddings | EngineCoreFailure:
@@ -94,14 +95,10 @@ class EngineCoreClient:
         fatal error or its process is gone."""
         while True:
             kind, payload = await self._receive()
-            if kind == wire.OUTPUTS:
-                return wire.outputs_decoder.decode(payload)
-            if kind == wire.EMBEDDINGS:
-                return wire.embeddings_decoder.decode(payload)
-            if kind == wire.REJECTED:
-                return wire.failure_decoder.decode(payload)
+            if kind in (wire.OUTPUTS, wire.EMBEDDINGS, wire.REJECTED):
+                return wire.decode(kind, payload)
             if kind == wire.DEAD:
-                raise EngineDeadError(wire.failure_decoder.decode(payload).message)
+                raise EngineDeadError(wire.decode(kind, payload).message)
             logger.warning("engine client: ignored a message of kind %r", kind[:32])
 
     async def _receive(self) -> tuple[bytes, bytes]:
@@ -135,7 +132,7 @@ class EngineCoreClient:
     def _send(self, kind: bytes, payload: Any) -> None:
         if self._closed:
             raise EngineDeadError("the engine client was shut down")
-        self._requests.send_multipart([kind, wire.encoder.encode(payload)], flags=zmq.NOBLOCK)
+        self._requests.send_multipart(wire.frame(kind, payload), flags=zmq.NOBLOCK)
 
     @property
     def socket_dir(self) -> str:
@@ -152,7 +149,7 @@ class EngineCoreClient:
             return
         if self.process.poll() is None:
             try:
-                self._requests.send_multipart([wire.SHUTDOWN, b""], flags=zmq.NOBLOCK)
+                self._requests.send_multipart(wire.frame(wire.SHUTDOWN), flags=zmq.NOBLOCK)
                 self.process.wait(timeout / 2)
             except (zmq.ZMQError, subprocess.TimeoutExpired):
                 pass

@@ -1,15 +1,9 @@
-"""The engine-core process: an EngineCore behind two ZMQ IPC sockets, and the wire protocol to it.
+"""The engine-core process: an EngineCore behind two ZMQ IPC sockets, run until SHUTDOWN.
 
 Started by ``EngineCoreClient`` as ``python -m tokenmill.engine.core_process`` (a fresh
 interpreter, never multiprocessing: nothing is pickled). The parent writes the EngineArgs as JSON
-to stdin; every later message is a multipart ZMQ frame ``[kind, msgpack payload]``:
-
-- parent -> engine (PULL socket): ADD (a list of EngineCoreRequest: the n samples of one prompt travel
-  together, so one step admits them all), EMBED (EngineCoreEmbedRequest),
-  ABORT / FINISH (list of request ids), SHUTDOWN;
-- engine -> parent (PUSH socket): READY (EngineCoreReady, once the model is loaded), OUTPUTS
-  (EngineCoreOutputs, one per step), EMBEDDINGS (EngineCoreEmbeddings), REJECTED
-  (EngineCoreFailure for a request the core refused), DEAD (EngineCoreFailure, then the process exits).
+to stdin; every later message travels as the wire module's frames (``tokenmill.engine.messages``):
+requests in on a PULL socket, READY, step outputs, embeddings and failures out on a PUSH socket.
 
 Embedding requests run between engine steps, one forward (``Embedder.plan_batches``) per loop
 turn, so a large one does not stall generation; the Embedder is built on the first one and runs
@@ -31,91 +25,25 @@ import time
 from collections import deque
 from typing import Any
 
-import msgspec
 import numpy as np
 import zmq
 
 from tokenmill.discovery.selection_error import SelectionError
-from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine import messages as wire
+from tokenmill.engine.messages import (
+    CANNOT_GENERATE,
+    EngineCoreEmbeddings,
+    EngineCoreEmbedRequest,
+    EngineCoreFailure,
+    EngineCoreOutputs,
+    EngineCoreReady,
+)
+from tokenmill.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger("tokenmill")
 
-ADD, EMBED, ABORT, FINISH, SHUTDOWN = b"add", b"embed", b"abort", b"finish", b"shutdown"
-READY, OUTPUTS, EMBEDDINGS, REJECTED, DEAD = b"ready", b"outputs", b"embeddings", b"rejected", b"dead"
-CANNOT_GENERATE = "this model is an embedding model; it cannot generate (use /v1/embeddings)"
 _IDLE_POLL_MS = 1000
 _PR_SET_PDEATHSIG = 1
-
-
-class EngineCoreReady(msgspec.Struct):
-    """What the front end needs to know about the loaded engine (the model's limits, defaults, report)."""
-
-    served_model_name: str
-    model_path: str
-    tokenizer_path: str
-    architecture: str
-    dtype: str
-    quantization: str
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: list[int]
-    generation_defaults: dict[str, Any]
-    chat_template: str | None
-    max_logprobs: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    scheduling_policy: str
-    num_kv_blocks: int
-    block_size: int
-    platform: str
-    device: str
-    report: str
-    can_generate: bool = True  # False for encoder-only (embedding) models
-    embedding_size: int = 0  # the length of the model's embeddings (its hidden size)
-
-
-class EngineCoreEmbedRequest(msgspec.Struct, array_like=True):
-    """Whole prompts to embed, as token ids the front end has checked (non-empty, in vocabulary,
-    at most max_model_len long)."""
-
-    request_id: str
-    prompts: list[list[int]]
-
-
-class EngineCoreEmbeddings(msgspec.Struct, array_like=True):
-    """The pooled embeddings of one EngineCoreEmbedRequest: float32 little-endian, row-major
-    [num_rows, dim] in prompt order."""
-
-    request_id: str
-    num_rows: int
-    dim: int
-    data: bytes
-
-    @classmethod
-    def from_array(cls, request_id: str, vectors: np.ndarray) -> EngineCoreEmbeddings:
-        rows = np.ascontiguousarray(vectors, dtype="<f4")
-        return cls(request_id, rows.shape[0], rows.shape[1], rows.tobytes())
-
-    def vectors(self) -> np.ndarray:
-        """The embeddings as a float32 array [num_rows, dim]."""
-        return np.frombuffer(self.data, dtype="<f4").reshape(self.num_rows, self.dim)
-
-
-class EngineCoreFailure(msgspec.Struct):
-    """A request the core refused (``request_id`` set), or why the engine stopped (``request_id`` None)."""
-
-    message: str
-    request_id: str | None = None
-
-
-encoder = msgspec.msgpack.Encoder()
-requests_decoder = msgspec.msgpack.Decoder(list[EngineCoreRequest])
-embed_request_decoder = msgspec.msgpack.Decoder(EngineCoreEmbedRequest)
-embeddings_decoder = msgspec.msgpack.Decoder(EngineCoreEmbeddings)
-ids_decoder = msgspec.msgpack.Decoder(list[str])
-ready_decoder = msgspec.msgpack.Decoder(EngineCoreReady)
-outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-failure_decoder = msgspec.msgpack.Decoder(EngineCoreFailure)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -181,7 +109,7 @@ class EngineCoreProc:
         self._poller = zmq.Poller()
         self._poller.register(requests, zmq.POLLIN)
         self._running = True
-        self._last_counters: tuple | None = None
+        self._last_stats: SchedulerStats | None = None
         self._can_generate = can_generate(core.runner.model)
         self._embeds: deque[_EmbedJob] = deque()
         self._embedder: Any = None
@@ -209,30 +137,34 @@ class EngineCoreProc:
             self._handle(kind, payload)
 
     def _handle(self, kind: bytes, payload: bytes) -> None:
-        if kind == ADD:
-            for request in requests_decoder.decode(payload):
+        try:
+            message = wire.decode(kind, payload)
+        except KeyError:
+            logger.warning("engine core: ignored a message of unknown kind %r", kind[:32])
+            return
+        if kind == wire.ADD:
+            for request in message:
                 try:
                     if not self._can_generate:
                         raise ValueError(CANNOT_GENERATE)
                     self.core.add_request(request)
                 except ValueError as error:
                     self._reject(request.request_id, str(error))
-        elif kind == EMBED:
-            self._embeds.append(_EmbedJob(embed_request_decoder.decode(payload)))
-        elif kind == ABORT:
-            request_ids = ids_decoder.decode(payload)
-            self.core.abort_requests(request_ids)
-            dropped = set(request_ids)
+        elif kind == wire.EMBED:
+            self._embeds.append(_EmbedJob(message))
+        elif kind == wire.ABORT:
+            self.core.abort_requests(message)
+            dropped = set(message)
             self._embeds = deque(job for job in self._embeds if job.request.request_id not in dropped)
-        elif kind == FINISH:
-            self.core.finish_requests(ids_decoder.decode(payload), stop_reason=None)
-        elif kind == SHUTDOWN:
+        elif kind == wire.FINISH:
+            self.core.finish_requests(message, stop_reason=None)
+        elif kind == wire.SHUTDOWN:
             self._running = False
         else:
-            logger.warning("engine core: ignored a message of unknown kind %r", kind[:32])
+            logger.warning("engine core: ignored a message of kind %r", kind[:32])
 
     def _reject(self, request_id: str, message: str) -> None:
-        self.outputs.send_multipart([REJECTED, encoder.encode(EngineCoreFailure(message, request_id))])
+        self.outputs.send_multipart(wire.frame(wire.REJECTED, EngineCoreFailure(message, request_id)))
 
     def _embed_next(self) -> None:
         """Run the next forward of the oldest embedding request; reply once its last one ran.
@@ -259,15 +191,14 @@ class EngineCoreProc:
         if not job.batches:
             self._embeds.popleft()
             rows = job.rows if job.rows is not None else np.empty((0, 0), dtype="<f4")
-            self.outputs.send_multipart([EMBEDDINGS, encoder.encode(EngineCoreEmbeddings.from_array(
-                job.request.request_id, rows))])
+            self.outputs.send_multipart(wire.frame(wire.EMBEDDINGS, EngineCoreEmbeddings.from_array(
+                job.request.request_id, rows)))
 
     def _send_step(self, step: EngineCoreOutputs) -> None:
-        counters = (step.num_running, step.num_waiting, step.kv_cache_usage, step.prefix_cache_queries,
-                    step.prefix_cache_hits, step.num_preemptions)
-        if step.outputs or counters != self._last_counters:
-            self.outputs.send_multipart([OUTPUTS, encoder.encode(step)])
-            self._last_counters = counters
+        """Send a step that produced outputs or changed the scheduler's stats (an idle turn sends nothing)."""
+        if step.outputs or step.scheduler_stats != self._last_stats:
+            self.outputs.send_multipart(wire.frame(wire.OUTPUTS, step))
+            self._last_stats = step.scheduler_stats
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -300,13 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve_config(EngineArgs.from_kwargs(**json.loads(sys.stdin.read())))
         logger.info("engine configuration:\n%s", config.render_report())
         core = build_engine_core(config, defer_graph_capture=True)
-        outputs.send_multipart([READY, encoder.encode(ready_message(config, core.runner.model, core.scheduler.config.num_blocks))])
+        ready = ready_message(config, core.runner.model, core.scheduler.config.num_blocks)
+        outputs.send_multipart(wire.frame(wire.READY, ready))
         EngineCoreProc(core, config, requests, outputs).run()
         return 0
     except Exception as error:  # reported to the front end, which turns it into 503s and an exit
         if not isinstance(error, SelectionError):  # a user's setup problem: the front end says it in one line
             logger.exception("engine core failed")
-        outputs.send_multipart([DEAD, encoder.encode(EngineCoreFailure(f"{type(error).__name__}: {error}"))])
+        outputs.send_multipart(wire.frame(wire.DEAD, EngineCoreFailure(f"{type(error).__name__}: {error}")))
         return 1
     finally:
         if core is not None:

@@ -108,20 +108,7 @@ class EngineCore:
             for request_id, entries in result.prompt_logprobs.items():
                 if not any(o.request_id == request_id for o in outputs):
                     outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=entries))
-        stats = self.scheduler.stats()
-        return EngineCoreOutputs(
-            spec_num_drafts=stats.spec_num_drafts,
-            spec_num_draft_tokens=stats.spec_num_draft_tokens,
-            spec_num_accepted_tokens=stats.spec_num_accepted_tokens,
-            outputs=outputs,
-            timestamp=time.time(),
-            num_running=stats.num_running,
-            num_waiting=stats.num_waiting,
-            kv_cache_usage=stats.kv_cache_usage,
-            prefix_cache_queries=stats.prefix_cache_queries,
-            prefix_cache_hits=stats.prefix_cache_hits,
-            num_preemptions=stats.num_preemptions,
-        )
+        return EngineCoreOutputs(outputs, timestamp=time.time(), scheduler_stats=self.scheduler.stats())
 
     def _propose(self, requests: list[Request]) -> None:
         """Ask the runner's proposer for the next step's draft tokens of the requests that may speculate."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenmill.config import EngineArgs, ModelConfig
-from tokenmill.engine.core_process import EngineCoreReady
+from tokenmill.engine.messages import EngineCoreReady
 from tokenmill.tokenizer import TokenizerLoadError, load_tokenizer
 
 

@@ -16,6 +16,7 @@ from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.stats import SchedulerStats
 from tokenmill.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger("tokenmill")
@@ -37,7 +38,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.inputs = InputProcessor(tokenizer, config.model, config.max_logprobs)
         self.outputs = OutputProcessor()
-        self.last_stats = None
+        self.last_stats: SchedulerStats | None = None  # the scheduler's after the last step
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -56,16 +57,12 @@ class LLMEngine:
         """Tokenize, validate and queue a request (its n > 1 children share one RequestOutput)."""
         text, token_ids = self.inputs.tokenize(prompt)
         params = self.inputs.validate(token_ids, params)
-        arrival_time = arrival_time or time.time()
-        engine_requests = self.outputs.add_request(request_id, prompt_text or text, token_ids, params, self.tokenizer,
-                                                   arrival_time)
-        first_child = engine_requests[0][0] if len(engine_requests) > 1 else None
+        request = EngineCoreRequest(request_id, token_ids, params, eos_token_ids=list(self.inputs.eos_token_ids),
+                                    arrival_time=arrival_time or time.time(), priority=priority, cache_salt=cache_salt)
+        engine_requests = self.outputs.add_request(request, prompt_text or text, self.tokenizer)
         try:
-            for engine_id, child_params in engine_requests:
-                self.core.add_request(EngineCoreRequest(
-                    engine_id, token_ids, child_params, eos_token_ids=list(self.inputs.eos_token_ids),
-                    arrival_time=arrival_time, priority=priority, cache_salt=cache_salt,
-                    fork_of=first_child if engine_id != first_child else None))
+            for engine_request in engine_requests:
+                self.core.add_request(engine_request)
         except ValueError:
             self.abort_request([request_id])
             raise
@@ -79,7 +76,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine iteration; returns the RequestOutputs that changed."""
         core_outputs = self.core.step()
-        self.last_stats = core_outputs
+        self.last_stats = core_outputs.scheduler_stats
         request_outputs, stopped = self.outputs.process(core_outputs.outputs, core_outputs.timestamp)
         if stopped:
             self.core.finish_requests(stopped, stop_reason=None)

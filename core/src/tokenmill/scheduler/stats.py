@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 
-@dataclass(frozen=True)
-class SchedulerStats:
-    """Queue lengths now, KV-cache usage now, and running totals since start (prefix cache in tokens)."""
+class SchedulerStats(msgspec.Struct, frozen=True, array_like=True):
+    """Queue lengths now, KV-cache usage now, and running totals since start (prefix cache in tokens).
+
+    A msgspec struct: each step's EngineCoreOutputs carries it to the front end as it is.
+    """
 
     num_running: int
     num_waiting: int
