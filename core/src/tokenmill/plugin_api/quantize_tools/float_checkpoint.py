@@ -48,6 +48,7 @@ class FloatCheckpoint:
         return list(self._where)
 
     def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape of tensor ``name``, read from the file header (no data loaded)."""
         return self._shapes[name]
 
     def tensor(self, name: str) -> torch.Tensor:
