@@ -128,6 +128,15 @@ def test_explain_prints_the_report_and_errors_exit_1(tmp_path, capsys):
     assert "error: --attention-backend nonexistent cannot serve this model" in capsys.readouterr().err
 
 
+def test_explain_without_model_explains_the_bundled_model_as_generate_runs_it(capsys):
+    from tokenmill.benchmarks.default_model import BUNDLED_GGUF, bundled_model_path
+
+    assert main(["plugins", "explain"]) == 0  # the installed plugins, as `tokenmill generate` sees them
+    out = capsys.readouterr().out
+    assert f"model: {bundled_model_path()} (config from " in out and BUNDLED_GGUF in out
+    assert "quantization: gguf" in out
+
+
 def test_env_reports_versions_and_probes(capsys):
     assert main(["env"], registry=registry()) == 0
     out = capsys.readouterr().out

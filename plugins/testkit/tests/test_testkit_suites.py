@@ -199,6 +199,55 @@ def test_quantizer_suite(pytester):
     assert result.parseoutcomes()["passed"] >= 8
 
 
+GATED_KERNEL = QUANTIZER + '''
+from tokenmill.plugin_api import PlatformCapabilities
+
+class GatedKernel(ReferenceKernel):
+    """Runs only on platforms tagged with the "tiny" family: what a vendor's real kernel looks like."""
+    name = "int8-gated"
+
+    @classmethod
+    def supports(cls, quantizer, spec, device_type, caps):
+        return None if "tiny" in caps.families else "needs the 'tiny' family"
+
+class GatedInt8(Int8):
+    name = "gatedint8"
+    api_version = (2, 0)
+
+    def kernels(self):
+        return (GatedKernel, ReferenceKernel)
+
+class TestGatedSkipped(QuantizerConformance):
+    """The gate closes without capabilities: the kernel would be skipped, so naming it as required fails."""
+    quantizer_cls = GatedInt8
+    dtypes = ("float32",)
+    required_kernels = ("int8-gated",)
+
+class TestGatedRuns(TestGatedSkipped):
+    capabilities = PlatformCapabilities(families=("tiny",))
+
+class TestRequiredUnknown(TestGatedRuns):
+    required_kernels = ("int8-gated", "int8-missing")
+'''
+
+
+def test_quantizer_suite_fails_a_required_kernel_that_is_skipped(pytester):
+    pytester.makepyfile(test_gated=GATED_KERNEL)
+    result = pytester.runpytest(*ARGS, "-k", "Gated or Required")
+    failed = _failed_tests(result)
+    assert {name for name in failed if name.startswith("TestGatedSkipped::")} == {
+        "TestGatedSkipped::test_required_kernels_run",
+        "TestGatedSkipped::test_kernel_matches_reference[int8-gated-float32-down_proj]",
+        "TestGatedSkipped::test_kernel_matches_reference[int8-gated-float32-qkv_proj]",
+    }
+    assert not any(name.startswith("TestGatedRuns::") for name in failed), failed
+    assert "TestRequiredUnknown::test_required_kernels_run" in failed
+    result.stdout.fnmatch_lines(["*a required kernel would be skipped: int8-gated declines*needs the 'tiny' family*",
+                                 "*required_kernels names ['int8-missing']*"])
+    assert not [line for line in result.outlines if line.startswith("SKIPPED") and "int8-gated" in line]
+    assert result.parseoutcomes()["passed"] >= 2 * 4 + 3  # TestGatedRuns ran the gated kernel on both shapes
+
+
 def test_report_header_lists_installed_plugins(pytester):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider")

@@ -1,8 +1,8 @@
 """The host a benchmark ran on, and the float32 streaming rate its memory sets.
 
 A single-stream decode reads every weight it multiplies once per token, so on a CPU its speed is
-bounded by memory read bandwidth over the bytes it reads. Shared and virtual machines vary (the same
-2-core host read 22 GB/s one hour and 29 the next), so the bandwidth is measured in the run itself,
+bounded by memory read bandwidth over the bytes it reads. The bandwidth of shared and virtual machines
+varies from hour to hour, so it is measured in the run itself,
 before and after the engines, and every W2 float32 figure is also given as a share of the float32
 streaming rate of that moment: the tokens/s at which that bandwidth reads the model's float32 weights
 once. An engine near it cannot be made several times faster while it reads them all. It is not a hard

@@ -12,4 +12,5 @@ BUILTIN_COMMAND_MODULES: tuple[str, ...] = (
     "tokenmill.cli.generate_command",
     "tokenmill.cli.bench_command",
     "tokenmill.cli.quantize_command",
+    "tokenmill.cli.export_command",
 )

@@ -1,5 +1,6 @@
-"""``tokenmill plugins explain --model M``: a dry run of platform -> attention backend ->
-quantization format -> kernels, with every rejection reason. Nothing is loaded but the config."""
+"""``tokenmill plugins explain [--model M]``: a dry run of platform -> attention backend ->
+quantization format -> kernels, with every rejection reason. Nothing is loaded but the config.
+Without ``--model`` it explains the bundled SmolLM2-135M-Instruct GGUF, the model ``generate`` runs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def add_parser(actions: Any) -> None:
     parser = actions.add_parser("explain", help="dry-run selection for a model and show every reason",
                                 description="Show which platform, attention backend, quantization format and "
                                             "kernels a model would get, and why every other candidate was rejected.")
-    parser.add_argument("--model", required=True, help="model directory (with config.json) or .gguf file")
+    parser.add_argument("--model", default=None, help="model directory (with config.json) or .gguf file "
+                                                      "(default: the bundled SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", help="compute dtype (default: auto)")
     parser.add_argument("--quantization", default=None, help="force a quantization format")
     parser.add_argument("--device", default=None, help="pin the platform: NAME or NAME:INDEX (default: best score)")
@@ -29,12 +31,22 @@ def add_parser(actions: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the selection report; a SelectionError is reported by the CLI's main."""
+    """Print the selection report; a SelectionError is reported by the CLI's main, a missing bundled
+    model is one error line."""
+    import sys
+
+    from tokenmill.benchmarks.default_model import bundled_model_path
+
     request = SelectionRequest(device=args.device, allow_cpu_fallback=args.allow_cpu_fallback,
                                allow_attention_fallback=args.allow_attention_fallback,
                                attention_backend=args.attention_backend, quantization=args.quantization,
                                dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size)
-    model = ModelDescription.load(args.registry, args.model)
+    try:
+        path = args.model or bundled_model_path()
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    model = ModelDescription.load(args.registry, path)
     print(f"model: {model.model_path} (config from {model.source})")
     print(f"implementation: {model.implementation()}")
     print(select(args.registry, request, model).render())

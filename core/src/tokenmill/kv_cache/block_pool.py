@@ -91,9 +91,8 @@ class BlockPool:
         """Forget every cached hash (blocks in use keep their K/V, just not shareable). Returns how many.
 
         Free blocks that lose their hash move to the head of the free queue in block order, where
-        ``free_blocks`` puts uncached blocks: allocation reuses them before blocks never used. On the
-        CPU a never-used block's pages are backed at its first write, in the middle of a step (W1's
-        second and third runs after a reset ran 6-15 % slower than its first, walking into such blocks)."""
+        ``free_blocks`` puts uncached blocks: allocation reuses them before blocks never used, whose pages
+        a platform may back only at their first write, in the middle of a step."""
         num_evicted = len(self.cached_blocks)
         released = sorted((block for block in self.cached_blocks.values() if block.ref_cnt == 0),
                           key=lambda block: block.block_id, reverse=True)

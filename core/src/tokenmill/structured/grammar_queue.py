@@ -1,7 +1,7 @@
 """GrammarQueue: constrained requests waiting for their grammar, compiled on a worker thread.
 
-xgrammar releases the GIL while it compiles, so the engine keeps stepping the other requests meanwhile
-(a large JSON schema takes up to ~0.5 s; the common case 1-2 ms). Requests leave the queue in arrival
+xgrammar releases the GIL while it compiles, so the engine keeps stepping the other requests meanwhile,
+however long a large schema takes to compile. Requests leave the queue in arrival
 order, so a request forked from another (n > 1) never overtakes its parent."""
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tokenmill.plugin_api import PlatformCapabilities
 from tokenmill_fake_device.attention import FakeDeviceAttentionBackend
 from tokenmill_fake_device.platform import ENV_VAR, FakeDevicePlatform
 from tokenmill_fake_device.quantizer import FakeInt8Quantizer
@@ -43,3 +44,5 @@ class TestFakeDeviceAttention(AttentionBackendConformance):
 class TestFakeInt8(QuantizerConformance):
     quantizer_cls = FakeInt8Quantizer
     hf_config = {"quantization_config": {"quant_method": "fakeint8"}}
+    capabilities = PlatformCapabilities(families=("fakedev",))  # what supports() is told: our platform's
+    required_kernels = ("fakeint8-scaled-mm",)  # gated by supports(): must run here, never be skipped

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenmill.plugin_api import LinearSpec
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities
 from tokenmill_fake_device.attention import FakeDeviceAttentionBackend
 from tokenmill_fake_device.kernels import FakeInt8ReferenceKernel, FakeInt8ScaledMMKernel
 from tokenmill_fake_device.platform import ENV_VAR, FakeDevicePlatform
@@ -36,6 +36,14 @@ def test_detect_reads_quant_method():
     assert FakeInt8Quantizer.detect({"quantization_config": {"quant_method": "fakeint8"}}, "") == 1.0
     assert FakeInt8Quantizer.detect({"quantization_config": {"quant_method": "gptq"}}, "") == 0.0
     assert FakeInt8Quantizer.detect({}, "") == 0.0
+
+
+def test_fast_kernel_runs_only_on_the_fakedev_family():
+    spec = LinearSpec("proj", 64, 96, (96,), False, "float32")
+    quantizer = FakeInt8Quantizer()
+    assert FakeInt8ScaledMMKernel.supports(quantizer, spec, "cpu", FakeDevicePlatform(0).capabilities) is None
+    assert "'fakedev' family" in FakeInt8ScaledMMKernel.supports(quantizer, spec, "cpu", PlatformCapabilities())
+    assert FakeInt8ReferenceKernel.supports(quantizer, spec, "cpu", PlatformCapabilities()) is None
 
 
 @pytest.mark.parametrize("kernel_cls", [FakeInt8ScaledMMKernel, FakeInt8ReferenceKernel])

@@ -12,7 +12,10 @@ For every kernel, layer shape (``linear_specs``) and dtype, the suite creates th
 parameters, fills them with random checkpoint-like values (``fill_weights``; override it when your
 format constrains its tensors, e.g. GPTQ's ``g_idx``), lets the kernel repack them and compares
 ``apply`` on random activations with the reference kernel run on the CPU. Kernels whose
-``supports`` declines a layer are skipped with that reason.
+``supports`` declines a layer are skipped with that reason, except the kernels named in
+``required_kernels``: a declined required kernel fails, so a kernel gated by ``supports`` (on a
+capability family, an ISA feature, a device type) cannot pass the suite without having run. Set
+``capabilities`` (and ``device``, or ``--tokenmill-device``) to what the platform it serves reports.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class QuantizerConformance:
     model_path: ClassVar[str] = ""
     device: ClassVar[str] = "cpu"
     capabilities: ClassVar[PlatformCapabilities] = PlatformCapabilities()  # what supports() is told
+    required_kernels: ClassVar[tuple[str, ...]] = ()  # kernel names that must run, never be skipped
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
     tolerances: ClassVar[dict[str, tuple[float, float]]] = {}  # dtype -> (atol, rtol), relative to max |y|
     seed: ClassVar[int] = 0
@@ -122,6 +126,22 @@ class QuantizerConformance:
             assert output_dim is None or (isinstance(output_dim, int) and 0 <= output_dim < param.dim()), \
                 f"parameter {name} has output_dim {output_dim!r} for shape {tuple(param.shape)}"
 
+    def test_required_kernels_run(self, target_device: torch.device) -> None:
+        """Every kernel in ``required_kernels`` is one of ``kernels()`` and accepts every layer shape and
+        dtype of the suite under ``capabilities`` on the target device (so its comparisons all run)."""
+        quantizer = self.make_quantizer()
+        by_name = {kernel.name: kernel for kernel in quantizer.kernels()}
+        unknown = [name for name in self.required_kernels if name not in by_name]
+        assert not unknown, f"required_kernels names {unknown}, which kernels() does not list ({sorted(by_name)})"
+        declined = []
+        for name in self.required_kernels:
+            for dtype in self.dtypes:
+                for spec in self.linear_specs(dtype):
+                    reason = by_name[name].supports(quantizer, spec, target_device.type, self.capabilities)
+                    if reason:
+                        declined.append(f"{name} declines {spec.prefix} ({dtype}) on {target_device.type}: {reason}")
+        assert not declined, "a required kernel would be skipped: " + "; ".join(declined)
+
     # -- kernels --------------------------------------------------------------------------------
 
     def test_kernel_matches_reference(self, kernel_index: int, dtype: str, spec_index: int,
@@ -132,6 +152,8 @@ class QuantizerConformance:
         spec = self.linear_specs(dtype)[spec_index]
         declined = kernel_cls.supports(quantizer, spec, target_device.type, self.capabilities)
         if declined:
+            if kernel_cls.name in self.required_kernels:
+                pytest.fail(f"required kernel {kernel_cls.name} declines {spec.prefix} on {target_device.type}: {declined}")
             pytest.skip(f"{kernel_cls.name} declines {spec.prefix}: {declined}")
         reference_declined = reference_cls.supports(quantizer, spec, "cpu", PlatformCapabilities())
         if reference_declined:

@@ -7,11 +7,10 @@ each to the float32 weights that dequantizing at load would give, so the result 
 blocks are rearranged in place into the kernel's "CPU order" (the same bytes: the row's scales first,
 then its quants with the nibbles placed so that a 16-byte load expands without byte shuffles).
 Up to ``DEQUANTIZE_ROWS`` tokens go through the C kernel, eight per pass over the weights (two weight
-rows at a time for one token, the rows ahead prefetched): measured on two Xeon cores with AVX-512, a
-decode step of SmolLM2's Q4_1 layers and Q8_0 head 10.7 -> 7.0 ms against the checkpoint's order and
-one row at a time. Longer batches (prefills) dequantize tiles of rows (``TILE_WEIGHTS`` at a time) in
-C and multiply them with torch's GEMM: 46 tokens through SmolLM2's layers in ~70 ms instead of ~190.
-Other dtypes take ``GGUFPackedTorchKernel``'s tile path.
+rows at a time for one token, the rows ahead prefetched), so a decode step reads each block once.
+Longer batches (prefills) dequantize tiles of rows (``TILE_WEIGHTS`` at a time) in C and multiply them
+with torch's GEMM, so the float32 copy held at once stays one tile. Other dtypes take
+``GGUFPackedTorchKernel``'s tile path.
 """
 
 from __future__ import annotations

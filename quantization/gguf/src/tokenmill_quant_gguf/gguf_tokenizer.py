@@ -1,10 +1,10 @@
 """load_gguf_tokenizer: the tokenizer a GGUF file carries, converted once per file and then cached.
 
 transformers rebuilds a GGUF's tokenizer from its metadata (every token and merge through the
-``gguf`` reader): about 4 s for a 49k vocabulary on a 2-core CPU, on every start. The converted
+``gguf`` reader), which takes seconds on every start. The converted
 tokenizer is saved with ``save_pretrained`` under ``$TOKENMILL_CACHE/tokenizers`` (default
 ``~/.cache/tokenmill/tokenizers``), keyed by the file's path, size and modification time and by the
-transformers version, and later starts load that folder (a quarter of a second). The cache keeps the
+transformers version, and later starts load that folder. The cache keeps the
 ``KEEP`` most recently stored files. A cache that cannot be written or read is skipped with a debug
 log: the tokenizer is then converted as before.
 """

@@ -2,7 +2,7 @@
 
 ``tokenmill quantize`` calls the format's ``Quantizer.quantize_checkpoint(model_dir, out_dir,
 **options)``; these tools read the float checkpoint (``FloatCheckpoint``), write the output
-directory (``write_checkpoint``), provide calibration data (``calibration_text``,
+directory (``write_checkpoint``; ``write_safetensors_shards`` for tensors alone), provide calibration data (``calibration_text``,
 ``calibration_windows``), run a Hugging Face model layer by layer over it (``LayerwiseRunner``,
 ``quantize_layer_by_layer``) and solve GPTQ's error feedback for any rounding grid
 (``quantize_with_error_feedback``, ``column_order``, ``HessianAccumulator``, ``one_thread``).
@@ -14,7 +14,11 @@ from tokenmill.plugin_api.quantize_tools.calibration import (
     calibration_text,
     calibration_windows,
 )
-from tokenmill.plugin_api.quantize_tools.checkpoint_writer import write_checkpoint
+from tokenmill.plugin_api.quantize_tools.checkpoint_writer import (
+    new_checkpoint_directory,
+    write_checkpoint,
+    write_safetensors_shards,
+)
 from tokenmill.plugin_api.quantize_tools.error_feedback import (
     HessianAccumulator,
     column_order,
@@ -36,5 +40,7 @@ __all__ = [
     "one_thread",
     "quantize_layer_by_layer",
     "quantize_with_error_feedback",
+    "new_checkpoint_directory",
     "write_checkpoint",
+    "write_safetensors_shards",
 ]

@@ -23,20 +23,36 @@ def write_checkpoint(source: FloatCheckpoint, out_dir: str | Path, tensors: Iter
                      quantization_config: Mapping[str, Any], shard_bytes: int = SHARD_BYTES) -> Path:
     """Write ``tensors`` and ``source``'s other files to ``out_dir`` (created; it must not be the
     source directory nor hold another checkpoint's weights). Returns the directory."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    if out.resolve() == source.path.resolve():
-        raise ValueError(f"the output directory {out} is the model directory; choose another")
-    if out.exists() and any(p.suffix in _WEIGHT_SUFFIXES for p in out.iterdir()):
-        raise ValueError(f"{out} already holds model weights; choose an empty or new directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_checkpoint_directory(out_dir, source.path)
     for item in source.path.iterdir():
         if item.is_file() and item.suffix not in _WEIGHT_SUFFIXES and item.name not in ("config.json", INDEX_FILE):
             shutil.copy2(item, out / item.name)
     config = dict(source.config)
     config["quantization_config"] = dict(quantization_config)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    write_safetensors_shards(out, tensors, shard_bytes)
+    return out
+
+
+def new_checkpoint_directory(out_dir: str | Path, source: str | Path) -> Path:
+    """``out_dir``, created: ``ValueError`` when it is (or is inside) ``source``'s directory or already
+    holds a checkpoint's weights, so an output never overwrites or mixes with another model."""
+    out = Path(out_dir)
+    source_dir = Path(source) if Path(source).is_dir() else Path(source).parent
+    if out.resolve() == source_dir.resolve():
+        raise ValueError(f"the output directory {out} is the model directory; choose another")
+    if out.exists() and any(p.suffix in _WEIGHT_SUFFIXES for p in out.iterdir()):
+        raise ValueError(f"{out} already holds model weights; choose an empty or new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_safetensors_shards(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], shard_bytes: int = SHARD_BYTES) -> None:
+    """Write ``tensors`` into ``out`` as ``save_pretrained`` lays them out: ``model.safetensors``, or
+    numbered shards of at most ``shard_bytes`` (a tensor larger than that gets a shard of its own) with
+    ``model.safetensors.index.json``. Tensors are consumed one at a time; at most one shard is held."""
+    from safetensors.torch import save_file
 
     written: list[tuple[Path, list[str]]] = []  # shards are flushed as they fill, named once all are known
     shard: dict[str, torch.Tensor] = {}
@@ -51,7 +67,7 @@ def write_checkpoint(source: FloatCheckpoint, out_dir: str | Path, tensors: Iter
         total += nbytes
     if not written:
         save_file(shard, str(out / "model.safetensors"), metadata={"format": "pt"})
-        return out
+        return
     written.append(_flush(out, shard, len(written)))
     weight_map = {}
     for index, (part, names) in enumerate(written, start=1):
@@ -59,7 +75,6 @@ def write_checkpoint(source: FloatCheckpoint, out_dir: str | Path, tensors: Iter
         part.rename(out / file)
         weight_map.update(dict.fromkeys(names, file))
     (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    return out
 
 
 def _flush(out: Path, shard: dict[str, torch.Tensor], index: int) -> tuple[Path, list[str]]:

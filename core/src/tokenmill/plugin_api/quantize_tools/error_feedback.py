@@ -78,8 +78,8 @@ def quantize_with_error_feedback(weight: torch.Tensor, hessian: torch.Tensor, ro
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
     """Run torch on one thread inside the block. The solver's small matrices and thousands of
-    per-column ops gain nothing from threads, and with two OpenMP threads on a busy machine each op can stall for
-    milliseconds (measured: 0.12 s on one thread, 9 s on two for a 1536 x 576 weight)."""
+    per-column ops gain nothing from threads, and with several OpenMP threads on a busy machine each op
+    can stall waiting for a descheduled thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

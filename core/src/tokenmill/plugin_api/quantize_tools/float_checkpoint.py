@@ -48,7 +48,7 @@ class FloatCheckpoint:
         return list(self._where)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        """One tensor's shape, read from the file header (no tensor data is loaded)."""
+        """The stored shape of tensor ``name``, read from the file header (no data loaded)."""
         return self._shapes[name]
 
     def tensor(self, name: str) -> torch.Tensor:

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenmill.plugin_api import QuantKernel
+from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+
+FAMILY = "fakedev"
 
 
 class FakeInt8ScaledMMKernel(QuantKernel):
     """``(x @ weight.T) * scale``: the int8 values are exact in bf16/fp16/fp32, and a per-output-
     channel scale commutes with the matmul, so it is applied once to the output instead of to
-    every weight."""
+    every weight. Gated on the platform's "fakedev" family, as a vendor's device kernel is: the
+    conformance test names it in ``required_kernels`` so that a closed gate fails instead of skipping."""
 
     name = "fakeint8-scaled-mm"
+
+    @classmethod
+    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str,
+                 caps: PlatformCapabilities) -> str | None:
+        """Runs only where the platform declares the "fakedev" family."""
+        return None if FAMILY in caps.families else f"needs a platform of the '{FAMILY}' family"
 
     def apply(self, layer: Any, x: Any, bias: Any | None) -> Any:
         """Matmul in the activation dtype, then scale (and bias) per output channel."""
