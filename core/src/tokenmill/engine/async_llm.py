@@ -3,7 +3,8 @@ process, the EngineCore in its own process behind an EngineCoreClient (LLMEngine
 
 One task reads the engine's outputs and routes RequestOutputs to per-request queues (and finished
 embeddings to their futures), so the event loop never waits on the model. Tokenization and chat
-templates run on one worker thread. When the engine dies every waiting request fails with
+templates run on a bounded pool of ``TOKENIZER_THREADS`` worker threads, so a long prompt does not
+hold up the short ones behind it. When the engine dies every waiting request fails with
 EngineDeadError instead of hanging.
 """
 
@@ -46,6 +47,7 @@ __all__ = ["AsyncLLM", "Embeddings", "EngineDeadError", "FinishedRequestStats", 
            "RequestAbortedError", "RequestRejectedError"]
 
 DEFAULT_MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per /v1/embeddings request
+TOKENIZER_THREADS = 4  # encodes share the tokenizer read-only (no truncation or padding state is set)
 
 
 class _Tracked:
@@ -81,7 +83,7 @@ class AsyncLLM:
         self._parents: dict[str, str] = {}  # engine-core id -> user request id
         self._num_sequences = 0
         self._listeners: list[StatsListener] = []
-        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenizer")
         self._output_task: asyncio.Task | None = None
         self._death_callbacks: list[Callable[[EngineDeadError], None]] = []
 
@@ -112,7 +114,7 @@ class AsyncLLM:
     # -- inputs ----------------------------------------------------------------------------------
 
     async def run_tokenizer(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``function`` (tokenization, a chat template) on the tokenizer thread, off the event loop."""
+        """Run ``function`` (tokenization, a chat template) on the tokenizer pool, off the event loop."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenizer_pool, lambda: function(*args, **kwargs))
 
@@ -121,7 +123,7 @@ class AsyncLLM:
         return await self.run_tokenizer(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
 
     async def render_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
-        """The chat prompt text and its token ids (``InputProcessor.chat`` on the tokenizer thread)."""
+        """The chat prompt text and its token ids (``InputProcessor.chat`` on the tokenizer pool)."""
         return await self.run_tokenizer(self.inputs.chat, messages, **kwargs)
 
     def default_sampling_params(self) -> SamplingParams:
