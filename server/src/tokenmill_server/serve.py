@@ -22,8 +22,16 @@ import uvicorn
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError
+from tokenmill_server.accept_error_log import AcceptErrorLog
 from tokenmill_server.app import build_app
+from tokenmill_server.connection_cap import (
+    ConnectionCap,
+    accept_batch,
+    default_max_connections,
+    raise_open_file_limit,
+)
 from tokenmill_server.http_protocol import GuardedH11Protocol
+from tokenmill_server.listener import PortUnavailableError, bind_listener, deepen_queue
 from tokenmill_server.server_args import ServerSettings
 from tokenmill_server.state import ServerState
 from tokenmill_server.throughput_log import ThroughputLog
@@ -50,6 +58,8 @@ class _UvicornServer(uvicorn.Server):
     async def startup(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        for sock in sockets or ():
+            deepen_queue(sock)
         if self.started:
             logger.info("tokenmill serve: %s ready on http://%s:%d%s; startup took %.1f s", self.state.model.name,
                         self.config.host, self.config.port,
@@ -108,11 +118,17 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
     started = time.monotonic()
     # xgrammar checks structured-output requests; importing it takes ~1.6 s, better spent while the engine
     # process loads than in the event loop at the first constrained request
+    try:
+        listener = bind_listener(settings.host, settings.port)  # a busy port fails now, not after the load
+    except PortUnavailableError as error:
+        logger.error("%s", error)
+        return 1
     threading.Thread(target=_import_quietly, args=("xgrammar",), name="import-xgrammar", daemon=True).start()
     try:
         engine = await AsyncLLM.from_engine_args(engine_args, max_waiting_requests=settings.max_waiting_requests,
                                                  ready_timeout=settings.ready_timeout)
     except EngineDeadError as error:
+        listener.close()
         logger.error("%s", error)
         return 1
     ready = engine.ready
@@ -129,11 +145,16 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
             from tokenmill_server.grpc_api.service import start_grpc_server
 
             grpc = await start_grpc_server(state, settings)
+        file_limit = raise_open_file_limit()
+        cap = ConnectionCap(settings.max_connections or default_max_connections(file_limit))
+        logger.info("accepting up to %d HTTP connections at once (open-file limit %d)", cap.limit, file_limit)
+        AcceptErrorLog().install()
         http = GuardedH11Protocol.factory(settings.request_read_timeout, settings.write_timeout,
-                                          settings.socket_send_buffer, state.metrics.connection_timed_out, state.health)
+                                          settings.socket_send_buffer, state.metrics.connection_timed_out, state.health,
+                                          cap)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http, lifespan="off",
                                 log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=5,
-                                access_log=False)
+                                access_log=False, backlog=accept_batch(file_limit))
         server = _UvicornServer(config, state, settings, grpc, started)
         gc.collect()
         gc.freeze()  # the startup heap (transformers, the tokenizer) is permanent: keep GC pauses short
@@ -142,9 +163,10 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
             throughput = ThroughputLog(settings.log_interval)
             engine.add_stats_listener(throughput.observe)
             log_task = asyncio.ensure_future(throughput.run())
-        await server.serve()
+        await server.serve(sockets=[listener])
         return server.exit_code if server.started else 1
     finally:
+        listener.close()
         if log_task is not None:
             log_task.cancel()
         if grpc is not None:
