@@ -2,10 +2,9 @@
 process, the EngineCore in its own process behind an EngineCoreClient (LLMEngine's structure, async).
 
 One task reads the engine's outputs and routes RequestOutputs to per-request queues (and finished
-embeddings to their futures), so the event loop never waits on the model. Tokenization and chat
-templates run on a bounded pool of ``TOKENIZER_THREADS`` worker threads, so a long prompt does not
-hold up the short ones behind it. When the engine dies every waiting request fails with
-EngineDeadError instead of hanging.
+embeddings to their futures), so the event loop never waits on the model. Tokenization and chat templates
+run on ``TOKENIZER_THREADS`` threads (a long prompt does not hold up short ones). When the engine dies
+every waiting request fails with EngineDeadError instead of hanging.
 """
 
 from __future__ import annotations
@@ -194,10 +193,14 @@ class AsyncLLM:
         eos = list(self.inputs.eos_token_ids)
         for engine_id, _ in engine_requests:
             self._parents[engine_id] = request_id
-        self.client.add_requests([
-            EngineCoreRequest(engine_id, prompt_token_ids, child_params, eos_token_ids=eos, arrival_time=arrival,
-                              priority=priority, cache_salt=cache_salt, fork_of=first if engine_id != first else None)
-            for engine_id, child_params in engine_requests])
+        try:
+            self.client.add_requests([EngineCoreRequest(
+                engine_id, prompt_token_ids, child_params, eos_token_ids=eos, arrival_time=arrival, priority=priority,
+                cache_salt=cache_salt, fork_of=first if engine_id != first else None)
+                for engine_id, child_params in engine_requests])
+        except EngineDeadError as error:  # it died since the last poll: fail now, and this request with it
+            self._die(error)
+            raise
         return tracked
 
     def check_admission(self, num_sequences: int) -> None:
@@ -358,6 +361,8 @@ class AsyncLLM:
         self._emit(stats)
 
     def _die(self, error: EngineDeadError) -> None:
+        if self.dead_error is not None:  # a failed send noticed first
+            return
         logger.error("the engine stopped: %s", error)
         self.dead_error = error
         for tracked in list(self._requests.values()):
