@@ -4,7 +4,7 @@ Lifecycle: the engine process loads the model while this process loads the token
 does uvicorn bind, so a client never sees a port that cannot answer. The first SIGTERM/SIGINT
 stops accepting (new requests and /health get 503), lets running requests finish for up to
 ``--shutdown-timeout`` seconds, aborts the rest with an error, and exits 0; a second one exits at
-once. If the engine dies, /health turns 503, running requests get errors, and the server exits 1
+once, with 128 + the signal's number. If the engine dies, /health turns 503, running requests get errors, and the server exits 1
 (unless ``--keep-alive-on-engine-death``).
 """
 
@@ -67,7 +67,8 @@ class _UvicornServer(uvicorn.Server):
                         time.monotonic() - self.launched)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.state.draining:  # a second signal: stop now
+        if self.state.draining:  # a second signal: stop now, failing as a process killed by it
+            self.exit_code = 128 + int(sig)
             self.force_exit = True
             self.should_exit = True
             return
@@ -103,6 +104,14 @@ class _UvicornServer(uvicorn.Server):
         if self.grpc is not None:
             self.grpc.set_serving(False)
         asyncio.get_running_loop().call_later(_DEATH_EXIT_DELAY, setattr, self, "should_exit", True)
+
+
+class _CancelledRequestFilter(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a request whose task was cancelled because the
+    server stopped at once (a second signal): a traceback per open stream would say nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
 
 
 def _import_quietly(name: str) -> None:
@@ -156,6 +165,7 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
                                 log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=5,
                                 access_log=False, backlog=accept_batch(file_limit))
         server = _UvicornServer(config, state, settings, grpc, started)
+        logging.getLogger("uvicorn.error").addFilter(_CancelledRequestFilter())
         gc.collect()
         gc.freeze()  # the startup heap (transformers, the tokenizer) is permanent: keep GC pauses short
         engine.on_death(server.engine_died)

@@ -170,5 +170,8 @@ def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescripti
         if config:
             return ModelDescription(path, dict(config), f"{record.name} metadata", notes)
         notes.append(f"quantizer '{record.name}' recognises {os.path.basename(path)} but supplies no config")
-    listed = "\n  ".join(notes) or "no installed quantization format recognises the file"
-    raise SelectionError(f"cannot read a model config from {path}:\n  {listed}")
+    reasons = [note for note in notes if "supplies no config" not in note]  # the others say why
+    if not reasons:
+        reasons = ["the file is empty" if os.path.getsize(path) == 0 else
+                   "no installed quantization format recognises the file"]
+    raise SelectionError(f"cannot read a model config from {path}: {'; '.join(reasons)}")

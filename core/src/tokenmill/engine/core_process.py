@@ -36,6 +36,7 @@ import numpy as np
 import zmq
 
 from tokenmill.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.log_level import current_log_level, failure_summary, tracebacks_wanted
 
 logger = logging.getLogger("tokenmill")
 
@@ -284,13 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     options = _parse_args(argv)
     die_with_parent(options.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [engine] %(message)s")
+    logging.basicConfig(level=current_log_level().upper(), format="%(asctime)s %(levelname)s [engine] %(message)s")
     context = zmq.Context()
     requests, outputs = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     requests.connect(options.requests)
     outputs.connect(options.outputs)
     outputs.setsockopt(zmq.LINGER, 5000)
     core = None
+    loaded = False
     try:
         from tokenmill.config import EngineArgs
         from tokenmill.engine.config_resolver import resolve_config
@@ -300,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("engine configuration:\n%s", config.render_report())
         core = build_engine_core(config, defer_graph_capture=True)
         outputs.send_multipart([READY, encoder.encode(ready_message(config, core.runner.model, core.scheduler.config.num_blocks))])
+        loaded = True
         EngineCoreProc(core, config, requests, outputs).run()
         return 0
     except Exception as error:  # reported to the front end, which turns it into 503s and an exit
-        logger.exception("engine core failed")
-        outputs.send_multipart([DEAD, encoder.encode(EngineCoreFailure(f"{type(error).__name__}: {error}"))])
+        if loaded or tracebacks_wanted():  # a failed start is the front end's one line (a bad model, mostly)
+            logger.exception("engine core failed")
+        outputs.send_multipart([DEAD, encoder.encode(EngineCoreFailure(failure_summary(error)))])
         return 1
     finally:
         if core is not None:
