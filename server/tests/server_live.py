@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -60,7 +61,8 @@ def free_port() -> int:
 class LiveServer:
     """``tokenmill serve`` as a subprocess; ``url`` once it answers /health."""
 
-    def __init__(self, model: str | None, *extra: str, env: dict[str, str] | None = None, log: Path | None = None):
+    def __init__(self, model: str | None, *extra: str, env: dict[str, str] | None = None, log: Path | None = None,
+                 preexec_fn: Callable[[], None] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "tokenmill.cli.main", "serve", *([model] if model else []),
@@ -69,7 +71,7 @@ class LiveServer:
         self._log = open(log, "wb") if log else subprocess.DEVNULL
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, **(env or {})})
+                                        env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
         self.ready_after: float | None = None
 
     def wait_ready(self, timeout: float = 240.0) -> LiveServer:

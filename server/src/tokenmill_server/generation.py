@@ -57,9 +57,8 @@ def engine_errors(metrics=None) -> Iterator[None]:
         raise bad_request(f"The engine cannot run this request: {error}") from None
     except RequestAbortedError as error:
         raise unavailable(str(error)) from None
-    except EngineDeadError:
-        raise ApiError(500, "The engine stopped; the server cannot serve requests.", type="server_error",
-                       code="engine_dead") from None
+    except EngineDeadError:  # 503: the server is going away (or serves only 503s), the request was sound
+        raise ApiError(503, "The engine stopped; the server cannot serve requests.", code="engine_dead") from None
     except ValueError as error:
         raise bad_request(str(error)) from None
 

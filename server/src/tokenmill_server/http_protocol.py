@@ -12,7 +12,9 @@ A plain ``GET /health`` (no body, no Origin) is answered right where its bytes a
 task or the ASGI stack, so a burst of API requests on the event loop cannot hold it up behind their
 handlers. Idle kept-alive connections keep uvicorn's own keep-alive timeout. ``send_buffer`` (bytes, 0: the
 kernel's autotuning, up to ``net.ipv4.tcp_wmem``'s maximum) caps each connection's kernel send buffer,
-so that a stalled reader backs up into the server's own bounded stream buffers sooner.
+so that a stalled reader backs up into the server's own bounded stream buffers sooner. With a
+``ConnectionCap``, each connection is counted, busy from its first byte to its response's end and idle
+otherwise; at the cap the longest-idle connection is closed to make room (``evict``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from tokenmill_server.connection_cap import ConnectionCap
 
 logger = logging.getLogger("tokenmill.server")
 _RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
@@ -49,9 +53,10 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, read_timeout: float, write_timeout: float, send_buffer: int = 0,
                  on_timeout: Callable[[str], None] | None = None, health: HealthCheck | None = None,
-                 **kwargs: Any) -> None:
+                 connection_cap: ConnectionCap | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.health = health
+        self.connection_cap = connection_cap
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
         self.send_buffer = send_buffer
@@ -61,26 +66,43 @@ class GuardedH11Protocol(H11Protocol):
 
     @classmethod
     def factory(cls, read_timeout: float, write_timeout: float, send_buffer: int = 0,
-                on_timeout: Callable[[str], None] | None = None,
-                health: HealthCheck | None = None) -> Callable[..., GuardedH11Protocol]:
+                on_timeout: Callable[[str], None] | None = None, health: HealthCheck | None = None,
+                connection_cap: ConnectionCap | None = None) -> Callable[..., GuardedH11Protocol]:
         """What ``uvicorn.Config(http=...)`` takes: builds the protocol with these settings; ``health``
-        returns the (status, JSON body) of /health."""
+        returns the (status, JSON body) of /health; ``connection_cap`` bounds the open connections."""
         return functools.partial(cls, read_timeout=read_timeout, write_timeout=write_timeout, send_buffer=send_buffer,
-                                 on_timeout=on_timeout, health=health)
+                                 on_timeout=on_timeout, health=health, connection_cap=connection_cap)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.connection_cap is not None and not self.connection_cap.admit(self):
+            transport.abort()  # every open connection is busy: this one waits for nothing
+            return
         sock = transport.get_extra_info("socket")
         if self.send_buffer > 0 and sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         self._arm_read()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.connection_cap is not None:
+            self.connection_cap.closed(self)
         self._disarm_read()
         self._disarm_write()
         super().connection_lost(exc)
 
+    def evict(self) -> None:
+        """Close this idle connection (the connection cap needs its place)."""
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.connection_cap is not None and self.timeout_keep_alive_task is not None:
+            self.connection_cap.idle(self)  # kept alive, waiting for the next request
+
     def data_received(self, data: bytes) -> None:
+        if self.connection_cap is not None:
+            self.connection_cap.busy(self)
         if self._is_plain_health_check(data):
             self._answer_health(data)
             return
@@ -125,6 +147,8 @@ class GuardedH11Protocol(H11Protocol):
             return
         self.conn.start_next_cycle()
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        if self.connection_cap is not None:
+            self.connection_cap.idle(self)
 
     def handle_events(self) -> None:
         super().handle_events()

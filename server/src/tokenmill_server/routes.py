@@ -110,16 +110,20 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     engine = state.engine
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("Pass exactly one of prompt and messages.", "prompt")
+    bounds = state.prompt_bounds  # a text the model cannot take is refused untokenized, as on the other routes
     with engine_errors():
         if body.prompt is not None:
             add_special = True if body.add_special_tokens is None else body.add_special_tokens
+            bounds.check_text(body.prompt, "prompt")
             ids = await engine.encode(check_text(body.prompt, "prompt"), add_special_tokens=add_special)
         else:
             options = template_options(body.chat_template, body.chat_template_kwargs, body.add_generation_prompt,
                                        body.continue_final_message, state.limits)
-            text, ids = await engine.render_chat(openai_conversation(body.messages), **options)
+            conversation = openai_conversation(body.messages)
+            bounds.check_conversation(conversation, options)
+            text, ids = await engine.render_chat(conversation, **options)
             if body.add_special_tokens:
-                ids = await engine.encode(text, add_special_tokens=True)
+                ids = await engine.encode(bounds.check_text(text, "messages"), add_special_tokens=True)
     result: dict[str, Any] = {"count": len(ids), "max_model_len": state.model.max_model_len, "tokens": ids}
     if body.return_token_strs:
         result["token_strs"] = await engine.run_tokenizer(engine.tokenizer.convert_ids_to_tokens, ids)

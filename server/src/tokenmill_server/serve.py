@@ -4,7 +4,7 @@ Lifecycle: the engine process loads the model while this process loads the token
 does uvicorn bind, so a client never sees a port that cannot answer. The first SIGTERM/SIGINT
 stops accepting (new requests and /health get 503), lets running requests finish for up to
 ``--shutdown-timeout`` seconds, aborts the rest with an error, and exits 0; a second one exits at
-once. If the engine dies, /health turns 503, running requests get errors, and the server exits 1
+once, with 128 + the signal's number. If the engine dies, /health turns 503, running requests get errors, and the server exits 1
 (unless ``--keep-alive-on-engine-death``).
 """
 
@@ -22,8 +22,16 @@ import uvicorn
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError
+from tokenmill_server.accept_error_log import AcceptErrorLog
 from tokenmill_server.app import build_app
+from tokenmill_server.connection_cap import (
+    ConnectionCap,
+    accept_batch,
+    default_max_connections,
+    raise_open_file_limit,
+)
 from tokenmill_server.http_protocol import GuardedH11Protocol
+from tokenmill_server.listener import PortUnavailableError, bind_listener, deepen_queue
 from tokenmill_server.server_args import ServerSettings
 from tokenmill_server.state import ServerState
 from tokenmill_server.throughput_log import ThroughputLog
@@ -50,6 +58,8 @@ class _UvicornServer(uvicorn.Server):
     async def startup(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        for sock in sockets or ():
+            deepen_queue(sock)
         if self.started:
             logger.info("tokenmill serve: %s ready on http://%s:%d%s; startup took %.1f s", self.state.model.name,
                         self.config.host, self.config.port,
@@ -57,7 +67,8 @@ class _UvicornServer(uvicorn.Server):
                         time.monotonic() - self.launched)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.state.draining:  # a second signal: stop now
+        if self.state.draining:  # a second signal: stop now, failing as a process killed by it
+            self.exit_code = 128 + int(sig)
             self.force_exit = True
             self.should_exit = True
             return
@@ -95,6 +106,14 @@ class _UvicornServer(uvicorn.Server):
         asyncio.get_running_loop().call_later(_DEATH_EXIT_DELAY, setattr, self, "should_exit", True)
 
 
+class _CancelledRequestFilter(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a request whose task was cancelled because the
+    server stopped at once (a second signal): a traceback per open stream would say nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
 def _import_quietly(name: str) -> None:
     """Import ``name`` ahead of need; a failure shows up, with its message, where it is needed."""
     try:
@@ -108,11 +127,17 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
     started = time.monotonic()
     # xgrammar checks structured-output requests; importing it takes ~1.6 s, better spent while the engine
     # process loads than in the event loop at the first constrained request
+    try:
+        listener = bind_listener(settings.host, settings.port)  # a busy port fails now, not after the load
+    except PortUnavailableError as error:
+        logger.error("%s", error)
+        return 1
     threading.Thread(target=_import_quietly, args=("xgrammar",), name="import-xgrammar", daemon=True).start()
     try:
         engine = await AsyncLLM.from_engine_args(engine_args, max_waiting_requests=settings.max_waiting_requests,
                                                  ready_timeout=settings.ready_timeout)
     except EngineDeadError as error:
+        listener.close()
         logger.error("%s", error)
         return 1
     ready = engine.ready
@@ -129,12 +154,18 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
             from tokenmill_server.grpc_api.service import start_grpc_server
 
             grpc = await start_grpc_server(state, settings)
+        file_limit = raise_open_file_limit()
+        cap = ConnectionCap(settings.max_connections or default_max_connections(file_limit))
+        logger.info("accepting up to %d HTTP connections at once (open-file limit %d)", cap.limit, file_limit)
+        AcceptErrorLog().install()
         http = GuardedH11Protocol.factory(settings.request_read_timeout, settings.write_timeout,
-                                          settings.socket_send_buffer, state.metrics.connection_timed_out, state.health)
+                                          settings.socket_send_buffer, state.metrics.connection_timed_out, state.health,
+                                          cap)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=http, lifespan="off",
                                 log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=5,
-                                access_log=False)
+                                access_log=False, backlog=accept_batch(file_limit))
         server = _UvicornServer(config, state, settings, grpc, started)
+        logging.getLogger("uvicorn.error").addFilter(_CancelledRequestFilter())
         gc.collect()
         gc.freeze()  # the startup heap (transformers, the tokenizer) is permanent: keep GC pauses short
         engine.on_death(server.engine_died)
@@ -142,9 +173,10 @@ async def serve(engine_args: EngineArgs, settings: ServerSettings, plugin_manage
             throughput = ThroughputLog(settings.log_interval)
             engine.add_stats_listener(throughput.observe)
             log_task = asyncio.ensure_future(throughput.run())
-        await server.serve()
+        await server.serve(sockets=[listener])
         return server.exit_code if server.started else 1
     finally:
+        listener.close()
         if log_task is not None:
             log_task.cancel()
         if grpc is not None:

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from tokenmill.cli.engine_flags import add_engine_flags, engine_args_from
+from tokenmill.log_level import add_log_level_flag, apply_log_level
 from tokenmill_server.server_args import add_server_arguments, settings_from
 
 
@@ -22,16 +23,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="model folder or .gguf file (default: the bundled SmolLM2-135M-Instruct GGUF)")
     add_engine_flags(parser)
     add_server_arguments(parser)
+    add_log_level_flag(parser)
     parser.set_defaults(func=run)
     return parser
 
 
-def configure_logging() -> None:
+def configure_logging(level: str | None = None) -> None:
+    """tokenmill's loggers to stderr at ``level`` (``--log-level``; default info)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    level = apply_log_level(level)
     for name in ("tokenmill", "tokenmill.server"):
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.INFO)
+        logging.getLogger(name).setLevel(level.upper())
     root = logging.getLogger("tokenmill")
     if not root.handlers:
         root.addHandler(handler)
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.benchmarks.default_model import bundled_model_path
     from tokenmill_server.serve import serve
 
-    configure_logging()
+    configure_logging(args.log_level)
     try:
         model = args.model or bundled_model_path()
         engine_args = engine_args_from(args, model=model)

@@ -33,6 +33,7 @@ class ServerSettings:
     max_embedding_inputs: int = 2048
     max_tools: int = 128
     max_waiting_requests: int | None = 1024
+    max_connections: int | None = None  # None: from the open-file limit (connection_cap.default_max_connections)
     max_stream_buffer_bytes: int = 1 << 20
     request_read_timeout: float = 30.0
     write_timeout: float = 60.0
@@ -87,6 +88,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-waiting-requests", type=int, default=1024,
                        help="sequences allowed to wait beyond --max-num-seqs before new requests get 503 "
                             "(default: 1024; -1: unbounded)")
+    group.add_argument("--max-connections", type=int, default=None,
+                       help="HTTP connections open at once; at the cap a new one replaces the longest-idle one "
+                            "(default: from the open-file limit, RLIMIT_NOFILE, less headroom)")
     group.add_argument("--max-stream-buffer", default="1MiB",
                        help="unsent output one stream may hold before a slow reader's request is stopped "
                             "(default: 1MiB)")
@@ -125,6 +129,7 @@ def settings_from(namespace: argparse.Namespace) -> ServerSettings:
         max_logit_bias=namespace.max_logit_bias, max_prompts=namespace.max_prompts_per_request,
         max_embedding_inputs=namespace.max_embedding_inputs,
         max_tools=namespace.max_tools, max_waiting_requests=None if waiting is not None and waiting < 0 else waiting,
+        max_connections=_positive_or_none(namespace.max_connections, "--max-connections"),
         max_stream_buffer_bytes=parse_size(namespace.max_stream_buffer),
         request_read_timeout=namespace.request_read_timeout, write_timeout=namespace.write_timeout,
         socket_send_buffer=parse_size(namespace.socket_send_buffer),
@@ -133,3 +138,9 @@ def settings_from(namespace: argparse.Namespace) -> ServerSettings:
         shutdown_timeout=namespace.shutdown_timeout, keep_alive_on_engine_death=namespace.keep_alive_on_engine_death,
         log_interval=namespace.log_interval, ready_timeout=namespace.ready_timeout,
         uvicorn_log_level=namespace.uvicorn_log_level)
+
+
+def _positive_or_none(value: int | None, flag: str) -> int | None:
+    if value is not None and value < 1:
+        raise ValueError(f"{flag} must be at least 1, got {value}")
+    return value

@@ -76,11 +76,13 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
         options["tools"] = body.tools  # the template shows the model what it may call
     engine = state.engine
     conversation = openai_conversation(body.messages)
+    bounds = state.prompt_bounds
+    bounds.check_conversation(conversation, options)
     with state.admission(body.n):
         with engine_errors():
             text, ids = await engine.render_chat(conversation, **options)
         if body.add_special_tokens:
-            ids = await engine.encode(text, add_special_tokens=True)
+            ids = await bounds.encode(engine, text, "messages")
     max_tokens = body.output_limit()
     check_context(len(ids), max_tokens, state.model)
     default_limit = state.model.generation_defaults.get("max_tokens")

@@ -12,11 +12,10 @@ from starlette.responses import JSONResponse, Response
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.tokenizer import token_texts
-from tokenmill_server.errors import ApiError, bad_request, error_body, unsupported
+from tokenmill_server.errors import ApiError, bad_request, context_length_exceeded, error_body, unsupported
 from tokenmill_server.event_stream import DONE, EventStreamResponse, data_event
 from tokenmill_server.generation import (
     ClientDisconnected,
-    check_text,
     engine_errors,
     merge,
     new_request_id,
@@ -60,12 +59,18 @@ def _check(body: CompletionRequest, state: ServerState) -> None:
 
 
 async def _tokenize(state: ServerState, prompt: str | list[int], body: CompletionRequest) -> tuple[str, list[int]]:
-    engine = state.engine
+    engine, bounds = state.engine, state.prompt_bounds
+    keep_end = body.truncate_prompt_tokens is not None
     if isinstance(prompt, str):
-        ids = await engine.encode(check_text(prompt, "prompt"), add_special_tokens=body.add_special_tokens)
         text = prompt
+        if keep_end:  # only the prompt's end is kept: a longer start is never tokenized
+            ids = await bounds.encode_end(engine, prompt, "prompt", add_special_tokens=body.add_special_tokens)
+        else:
+            ids = await bounds.encode(engine, prompt, "prompt", add_special_tokens=body.add_special_tokens)
     else:
         ids = list(prompt)
+        if not keep_end and len(ids) >= state.model.max_model_len:
+            raise context_length_exceeded(state.model.max_model_len, len(ids), None)
         bad = next((t for t in ids if t >= state.model.vocab_size), None)
         if bad is not None:
             raise bad_request(f"Token id {bad} is out of vocabulary (the vocabulary has {state.model.vocab_size} "

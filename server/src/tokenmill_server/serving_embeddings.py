@@ -39,9 +39,10 @@ def _check(body: EmbeddingRequest, state: ServerState) -> list[str | list[int]]:
     limit = state.limits.max_embedding_inputs
     if len(inputs) > limit:
         raise bad_request(f"At most {limit} inputs are allowed per request, got {len(inputs)}.", "input")
+    bounds = state.prompt_bounds
     for item in inputs:
         if isinstance(item, str):
-            check_text(item, "input")
+            check_text(bounds.check_text(item, "input", "input"), "input")  # the length first: it costs nothing
     return inputs
 
 

@@ -48,6 +48,7 @@ async def _render(state: ServerState, body: CountTokensRequest, tool: ToolChoice
         options["continue_final_message"] = True
     if tool is not None:
         options["tools"] = tool.openai_tools()
+    state.prompt_bounds.check_conversation(conversation, options)
     with engine_errors():
         return await state.engine.render_chat(conversation, **options)
 

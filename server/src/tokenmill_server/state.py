@@ -17,6 +17,7 @@ from tokenmill_server.errors import ApiError, bad_request, unavailable
 from tokenmill_server.event_stream import StreamBudget
 from tokenmill_server.generation import engine_errors
 from tokenmill_server.metrics import ServerMetrics
+from tokenmill_server.prompt_bounds import PromptBounds
 from tokenmill_server.sampling import ModelLimits, RequestLimits
 
 
@@ -51,6 +52,11 @@ class ServerState:
             yield
         finally:
             self.tokenizing -= num_sequences
+
+    @property
+    def prompt_bounds(self) -> PromptBounds:
+        """How much request text this model's prompts may have before it is tokenized."""
+        return PromptBounds(self.model.max_model_len)
 
     def stream_budget(self, path: str) -> StreamBudget:
         """The unsent-output bound of one event stream on ``path``."""

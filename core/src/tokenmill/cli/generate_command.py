@@ -14,6 +14,7 @@ from tokenmill.plugin_api import hookimpl
 def register_commands(subparsers: Any) -> None:
     """Add ``generate``."""
     from tokenmill.cli.engine_flags import add_engine_flags
+    from tokenmill.log_level import add_log_level_flag
 
     parser = subparsers.add_parser("generate", help="generate text for one or more prompts")
     parser.add_argument("model", nargs="?", help="model directory or .gguf (default: the bundled SmolLM2-135M-Instruct)")
@@ -30,6 +31,7 @@ def register_commands(subparsers: Any) -> None:
     constraint.add_argument("--regex", help="the output must match this regular expression")
     constraint.add_argument("--choice", action="append", help="the output must be one of these (repeat)")
     add_engine_flags(parser)
+    add_log_level_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -40,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.benchmarks.default_model import bundled_model_path
     from tokenmill.cli.engine_flags import engine_args_from
     from tokenmill.llm import LLM
+    from tokenmill.log_level import apply_log_level
     from tokenmill.sampling_params import SamplingParams
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    apply_log_level(args.log_level)
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.sampling_seed, structured_outputs=_constraint(args))

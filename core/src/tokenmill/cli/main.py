@@ -1,13 +1,15 @@
 """``tokenmill``: build the parser from every plugin's ``register_commands``, then dispatch.
 
 Parsed ``args`` carry ``registry`` (the discovered ``PluginRegistry``) and ``plugin_manager`` so a
-command never rediscovers. ``SelectionError`` from a command becomes one clear error and exit 1.
+command never rediscovers. ``SelectionError`` from a command becomes one clear error and exit 1, and so
+does any other exception (its type and first line; the traceback too at ``--log-level debug``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 
 import pluggy
@@ -16,6 +18,7 @@ from tokenmill import __version__
 from tokenmill.cli.builtin_commands import BUILTIN_COMMAND_MODULES
 from tokenmill.discovery import PluginRegistry, SelectionError, build_plugin_manager, discover
 from tokenmill.discovery.plugin_manager import call_each, ordered_hookimpls
+from tokenmill.log_level import apply_log_level, failure_summary, tracebacks_wanted
 from tokenmill.plugin_api import PLUGIN_API_VERSION
 
 
@@ -66,10 +69,18 @@ def main(argv: Sequence[str] | None = None, registry: PluginRegistry | None = No
         parser.print_help()
         return 2
     args.registry, args.plugin_manager = registry, manager
+    apply_log_level(getattr(args, "log_level", None))
     try:
         return int(args.func(args) or 0)
     except SelectionError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # a bad model or argument: one line; the traceback at --log-level debug
+        if tracebacks_wanted():
+            traceback.print_exc()
+        print(f"error: {failure_summary(error)}", file=sys.stderr)
         return 1
 
 

@@ -183,5 +183,8 @@ def _from_checkpoint_file(registry: PluginRegistry, path: str) -> ModelDescripti
     declared = CheckpointFormat.read({}, path)
     if declared is not None and all(record.name == UNQUANTIZED for _, record in ranked):  # only the float fallback
         raise unclaimed_format_error(registry, declared)
-    listed = "\n  ".join(notes) or "no installed quantization format recognises the file"
-    raise SelectionError(f"cannot read a model config from {path}:\n  {listed}")
+    reasons = [note for note in notes if "supplies no config" not in note]  # the others say why
+    if not reasons:
+        reasons = ["the file is empty" if os.path.getsize(path) == 0 else
+                   "no installed quantization format recognises the file"]
+    raise SelectionError(f"cannot read a model config from {path}: {'; '.join(reasons)}")

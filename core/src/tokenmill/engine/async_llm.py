@@ -4,9 +4,9 @@ process, the EngineCore in its own process behind an EngineCoreClient (LLMEngine
 Its generate requests live in the OutputProcessor's registry and nowhere else: each carries the
 asyncio queue its iterator reads. One task reads the engine's outputs and hands them to the
 OutputProcessor, which puts RequestOutputs in those queues (finished embeddings go to their
-futures), so the event loop never waits on the model. Tokenization and chat
-templates run on one worker thread. When the engine dies every waiting request fails with
-EngineDeadError instead of hanging.
+futures), so the event loop never waits on the model. Tokenization and chat templates run on
+``TOKENIZER_THREADS`` threads (a long prompt does not hold up short ones). When the engine dies every
+waiting request fails with EngineDeadError instead of hanging.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ __all__ = ["AsyncLLM", "Embeddings", "EngineDeadError", "FinishedRequestStats", 
            "RequestAbortedError", "RequestRejectedError"]
 
 DEFAULT_MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per /v1/embeddings request
+TOKENIZER_THREADS = 4  # encodes share the tokenizer read-only (no truncation or padding state is set)
 
 
 class AsyncLLM:
@@ -66,7 +67,7 @@ class AsyncLLM:
         self.last_scheduler_stats: SchedulerStats | None = None
         self._embeddings: dict[str, asyncio.Future[EngineCoreEmbeddings]] = {}
         self._listeners: list[StatsListener] = []
-        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenizer")
         self._output_task: asyncio.Task | None = None
         self._death_callbacks: list[Callable[[EngineDeadError], None]] = []
 
@@ -97,7 +98,7 @@ class AsyncLLM:
     # -- inputs ----------------------------------------------------------------------------------
 
     async def run_tokenizer(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``function`` (tokenization, a chat template) on the tokenizer thread, off the event loop."""
+        """Run ``function`` (tokenization, a chat template) on the tokenizer pool, off the event loop."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenizer_pool, lambda: function(*args, **kwargs))
 
@@ -106,7 +107,7 @@ class AsyncLLM:
         return await self.run_tokenizer(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
 
     async def render_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
-        """The chat prompt text and its token ids (``InputProcessor.chat`` on the tokenizer thread)."""
+        """The chat prompt text and its token ids (``InputProcessor.chat`` on the tokenizer pool)."""
         return await self.run_tokenizer(self.inputs.chat, messages, **kwargs)
 
     def default_sampling_params(self) -> SamplingParams:
@@ -168,7 +169,12 @@ class AsyncLLM:
         request = EngineCoreRequest(request_id, prompt_token_ids, params, eos_token_ids=list(self.inputs.eos_token_ids),
                                     arrival_time=time.time(), priority=priority, cache_salt=cache_salt)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.client.add_requests(self.outputs.add_request(request, prompt_text, self.tokenizer, queue))
+        engine_requests = self.outputs.add_request(request, prompt_text, self.tokenizer, queue)
+        try:
+            self.client.add_requests(engine_requests)
+        except EngineDeadError as error:  # it died since the last poll: fail now, and this request with it
+            self._die(error)
+            raise
         return queue
 
     def check_admission(self, num_sequences: int) -> None:
@@ -287,6 +293,8 @@ class AsyncLLM:
         self._emit(stats)
 
     def _die(self, error: EngineDeadError) -> None:
+        if self.dead_error is not None:  # a failed send noticed first
+            return
         logger.error("the engine stopped: %s", error)
         self.dead_error = error
         for request in self.outputs.requests():

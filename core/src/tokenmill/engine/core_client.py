@@ -121,18 +121,29 @@ class EngineCoreClient:
         self._send(wire.EMBED, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
+        """Stop requests in the core; nothing to do once it is gone (``get_output`` reports that)."""
         if request_ids:
-            self._send(wire.ABORT, request_ids)
+            self._send(wire.ABORT, request_ids, required=False)
 
     def finish_requests(self, request_ids: list[str]) -> None:
         """End requests the front end saw stop (a stop string); the core frees them."""
         if request_ids:
-            self._send(wire.FINISH, request_ids)
+            self._send(wire.FINISH, request_ids, required=False)
 
-    def _send(self, kind: bytes, payload: Any) -> None:
+    def _send(self, kind: bytes, payload: Any, required: bool = True) -> None:
+        """Send without blocking. The request socket has no high-water mark, so a send fails only when the
+        core's end is gone: EngineDeadError when the message mattered (``required``), else nothing."""
         if self._closed:
-            raise EngineDeadError("the engine client was shut down")
-        self._requests.send_multipart(wire.frame(kind, payload), flags=zmq.NOBLOCK)
+            if required:
+                raise EngineDeadError("the engine client was shut down")
+            return
+        try:
+            self._requests.send_multipart(wire.frame(kind, payload), flags=zmq.NOBLOCK)
+        except zmq.ZMQError as error:
+            if required:
+                code = self.process.poll()
+                raise EngineDeadError("the engine process exited unexpectedly" +
+                                      (f" (exit code {code})" if code is not None else f" ({error})")) from None
 
     @property
     def socket_dir(self) -> str:

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from tokenmill.discovery.selection_error import SelectionError
 from tokenmill.engine import messages as wire
 from tokenmill.engine.messages import (
     CANNOT_GENERATE,
@@ -38,6 +37,7 @@ from tokenmill.engine.messages import (
     EngineCoreOutputs,
     EngineCoreReady,
 )
+from tokenmill.log_level import current_log_level, failure_summary, tracebacks_wanted
 from tokenmill.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger("tokenmill")
@@ -216,13 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     options = _parse_args(argv)
     die_with_parent(options.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [engine] %(message)s")
+    logging.basicConfig(level=current_log_level().upper(), format="%(asctime)s %(levelname)s [engine] %(message)s")
     context = zmq.Context()
     requests, outputs = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     requests.connect(options.requests)
     outputs.connect(options.outputs)
     outputs.setsockopt(zmq.LINGER, 5000)
     core = None
+    loaded = False
     try:
         from tokenmill.config import EngineArgs
         from tokenmill.engine.config_resolver import resolve_config
@@ -231,14 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve_config(EngineArgs.from_kwargs(**json.loads(sys.stdin.read())))
         logger.info("engine configuration:\n%s", config.render_report())
         core = build_engine_core(config, defer_graph_capture=True)
-        ready = ready_message(config, core.runner.model, core.scheduler.config.num_blocks)
-        outputs.send_multipart(wire.frame(wire.READY, ready))
+        outputs.send_multipart(wire.frame(wire.READY, ready_message(config, core.runner.model,
+                                                                    core.scheduler.config.num_blocks)))
+        loaded = True
         EngineCoreProc(core, config, requests, outputs).run()
         return 0
     except Exception as error:  # reported to the front end, which turns it into 503s and an exit
-        if not isinstance(error, SelectionError):  # a user's setup problem: the front end says it in one line
+        if loaded or tracebacks_wanted():  # a failed start is the front end's one line (a bad model, mostly)
             logger.exception("engine core failed")
-        outputs.send_multipart(wire.frame(wire.DEAD, EngineCoreFailure(f"{type(error).__name__}: {error}")))
+        outputs.send_multipart(wire.frame(wire.DEAD, EngineCoreFailure(failure_summary(error))))
         return 1
     finally:
         if core is not None:

@@ -36,7 +36,15 @@ def as_hf_config(hf_config: Any) -> Any:
     model_type = values.pop("model_type", None)
     if model_type is None:
         raise ValueError("the model config has no 'model_type'; cannot tell which architecture it describes")
-    return AutoConfig.for_model(model_type, **values)
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except ValueError:  # transformers' message lists every model type it knows (some 12 KB)
+        from tokenmill.models.registry import MODEL_REGISTRY, UnsupportedArchitectureError
+
+        named = ", ".join(map(str, values.get("architectures") or [])) or model_type
+        raise UnsupportedArchitectureError(
+            f"the checkpoint's architecture ({named}, model_type {model_type!r}) is not supported: neither tokenmill "
+            f"nor transformers knows it; tokenmill runs {', '.join(MODEL_REGISTRY.supported())}") from None
 
 
 def build_model(hf_config: Any, build: ModelBuildContext) -> nn.Module:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -64,19 +65,26 @@ class SafetensorsCheckpoint:
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, CPU tensor) pairs, one at a time, file by file."""
-        from safetensors import safe_open
-
         for file in self.files:
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
+            with _opened(file) as handle:
                 for name in handle.keys():
                     yield name, handle.get_tensor(name)
 
     def names(self) -> list[str]:
         """Every tensor name, read from the file headers only."""
-        from safetensors import safe_open
-
         names = []
         for file in self.files:
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
+            with _opened(file) as handle:
                 names.extend(handle.keys())
         return names
+
+
+def _opened(file: Path) -> Any:
+    """``safe_open`` on ``file``; a file it cannot read (a header that lies about its tensors, a file cut
+    short) is a ValueError naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except SafetensorError as error:
+        raise ValueError(f"{file} is not a readable safetensors file: {error}") from None

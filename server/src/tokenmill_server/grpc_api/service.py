@@ -16,7 +16,7 @@ import tokenmill
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill.structured import StructuredOutputsParams
 from tokenmill_server.errors import ApiError
-from tokenmill_server.generation import check_text, engine_errors, new_request_id
+from tokenmill_server.generation import engine_errors, new_request_id
 from tokenmill_server.grpc_api import tokenmill_pb2 as pb
 from tokenmill_server.grpc_api import tokenmill_pb2_grpc as pb_grpc
 from tokenmill_server.protocol.common import MAX_GRAMMAR_CHARS
@@ -111,7 +111,7 @@ class TokenmillServicer(pb_grpc.TokenmillServicer):
             return list(request.token_ids.ids), None
         if not request.text:
             raise ApiError(400, "The prompt cannot be empty.", param="text")
-        return await engine.encode(check_text(request.text, "text")), request.text
+        return await self.state.prompt_bounds.encode(engine, request.text, "text"), request.text
 
     def _params(self, request: pb.GenerateRequest) -> SamplingParams:
         given = request.sampling_params
