@@ -111,7 +111,7 @@ def _proposer(config: EngineConfig, runner: ModelRunner, attention_backend: type
     proposer = DraftModelProposer(draft, runner.backend, runner.kv_caches,
                                   num_speculative_tokens=spec.num_speculative_tokens, max_num_seqs=config.max_num_seqs,
                                   max_blocks_per_seq=runner.inputs.max_blocks_per_seq,
-                                  block_size=config.cache.block_size, device=runner.device)
+                                  block_size=config.cache.block_size, device=runner.device, greedy=runner.greedy)
     if runner.decode_graphs is not None:
         graphs = DecodeGraphRunner(draft, runner.backend, runner.kv_caches, max_num_seqs=runner.decode_graphs.buckets[-1],
                                    max_blocks_per_seq=runner.inputs.max_blocks_per_seq,

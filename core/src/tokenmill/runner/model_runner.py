@@ -26,14 +26,14 @@ from tokenmill.runner.prefill_graphs import PrefillGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder, StepInputs
 from tokenmill.runner.zeroed_memory import zeroed_tensor
 from tokenmill.sampling.batch import SamplingBatch
+from tokenmill.sampling.greedy import GreedyArgmax
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
 from tokenmill.sampling.sampler import Sampler, SamplerOutput
 from tokenmill.scheduler.output import SchedulerOutput
 from tokenmill.spec_decode.proposer import DraftSlot, Proposer
-from tokenmill.spec_decode.verification import accept_greedy, greedy_token_ids
+from tokenmill.spec_decode.verification import accept_greedy
 
 logger = logging.getLogger(__name__)
-GREEDY_PREPARE_ROWS = 8  # past any platform's small-step path (the CPU's int8 estimates take 1-2 rows)
 
 
 @dataclass
@@ -78,7 +78,8 @@ class ModelRunner:
         self.kv_pages = KvCachePages(self.kv_caches, _block_dim(backend, block_size, self.specs), num_blocks)
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
-        self.sampler = Sampler(layer_kernels)
+        self.greedy = GreedyArgmax(layer_kernels)  # every greedy token id of the runner, sampler and drafter
+        self.sampler = Sampler(self.greedy)
         self.decode_graphs: DecodeGraphRunner | None = None  # set (and captured) by the engine builder
         self.prefill_graphs: PrefillGraphRunner | None = None  # likewise
         self.proposer: Proposer | None = None  # speculative decoding's drafter, set by the engine builder
@@ -123,7 +124,7 @@ class ModelRunner:
     def _verify(self, hidden: torch.Tensor, step: StepInputs, result: RunnerOutput) -> None:
         """Replace each speculating request's single token (the target's choice after its last draft)
         by the tokens ``accept_greedy`` keeps from its drafts."""
-        targets = greedy_token_ids(self.model, hidden.index_select(0, step.verify_rows))
+        targets = self.greedy.token_ids(self.model, hidden.index_select(0, step.verify_rows)).tolist()
         start = 0
         for scheduled in step.verify_requests:
             count = scheduled.num_spec_tokens
@@ -141,25 +142,19 @@ class ModelRunner:
 
     def _greedy(self, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput | None:
         """The tokens of a batch that only takes argmaxes (all greedy, no logprobs, no logits processors)
-        from the model's ``greedy_token_ids``, which may skip most logits; None when it does not answer."""
+        from the LM head's greedy shortcut (``GreedyArgmax.from_head``); None when it does not answer."""
         if not batch.all_greedy or batch.needs_processing or any(k is not None for k in batch.num_logprobs):
             return None
-        greedy_token_ids = getattr(self.model, "greedy_token_ids", None)
-        token_ids = greedy_token_ids(rows) if greedy_token_ids is not None else None
+        token_ids = self.greedy.from_head(self.model, rows)
         if token_ids is None:
             return None
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * batch.num_rows)
 
     @torch.inference_mode()
     def prepare_greedy_head(self, hidden_size: int, dtype: torch.dtype) -> None:
-        """Run the model's ``greedy_token_ids`` on zero rows of the model's hidden states, one row and
-        ``GREEDY_PREPARE_ROWS``, so that what a platform derives from the LM head at its first call of
-        either size (the CPU platform's int8 copy for one or two rows, bfloat16 copy and row norms for
-        more: 0.6 s on SmolLM2, paid by the first request's step until then) is made at build time."""
-        greedy_token_ids = getattr(self.model, "greedy_token_ids", None)
-        if greedy_token_ids is not None and hidden_size > 0:
-            for rows in (1, GREEDY_PREPARE_ROWS):
-                greedy_token_ids(torch.zeros(rows, hidden_size, dtype=dtype, device=self.device))
+        """Let the platform derive what it needs from the LM head before the first request
+        (``GreedyArgmax.prepare``)."""
+        self.greedy.prepare(self.model, hidden_size, dtype, self.device)
 
     def _replay(self, step: StepInputs) -> torch.Tensor | None:
         """The step's hidden states through a decode or prefill graph, or None to run it eagerly."""
