@@ -58,23 +58,12 @@ class EmbeddingRequestOutput:
 def fresh_prefill_batch(seq_lens: Sequence[int], block_size: int, device: torch.device) -> AttentionBatch:
     """The AttentionBatch of whole prompts prefilled from nothing, each on its own consecutive
     blocks of a transient cache (block 0 is never used, as in the engine)."""
-    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
-    width = max(blocks_per_seq)
-    tables, slots, first = [], [], 1
-    for n, count in zip(seq_lens, blocks_per_seq, strict=True):
-        table = list(range(first, first + count))
-        tables.append(table + [0] * (width - count))
-        slots.append(torch.arange(n) + first * block_size)
-        first += count
-    starts = [0]
+    tables, first = [], 1
     for n in seq_lens:
-        starts.append(starts[-1] + n)
-    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
-    return AttentionBatch(
-        query_start_loc=as_tensor(starts, torch.int32), seq_lens=as_tensor(list(seq_lens), torch.int32),
-        context_lens=as_tensor([0] * len(seq_lens), torch.int32), block_tables=as_tensor(tables, torch.int32),
-        slot_mapping=torch.cat(slots).to(device), query_lens_cpu=list(seq_lens), seq_lens_cpu=list(seq_lens),
-        max_query_len=max(seq_lens), max_seq_len=max(seq_lens), num_tokens=starts[-1], block_size=block_size)
+        count = -(-n // block_size)
+        tables.append(list(range(first, first + count)))
+        first += count
+    return AttentionBatch.build(list(seq_lens), [0] * len(seq_lens), tables, block_size, device=device)
 
 
 class Embedder:

@@ -51,7 +51,6 @@ class StepInputBuilder:
         query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
-        seq_lens = starts + query_lens
 
         token_ids = self._token_ids[:num_tokens]
         token_ids[:] = np.fromiter((t for s in scheduled for t in s.token_ids), dtype=np.int64, count=num_tokens)
@@ -88,19 +87,8 @@ class StepInputBuilder:
         def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device=self.device, dtype=dtype)
 
-        attention = AttentionBatch(
-            query_start_loc=to_device(query_start_loc, torch.int32),
-            seq_lens=to_device(seq_lens, torch.int32),
-            context_lens=to_device(starts, torch.int32),
-            block_tables=to_device(block_tables, torch.int32),
-            slot_mapping=to_device(slot_mapping, torch.int64),
-            query_lens_cpu=query_lens.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
-            max_query_len=int(query_lens.max(initial=0)),
-            max_seq_len=int(seq_lens.max(initial=0)),
-            num_tokens=num_tokens,
-            block_size=self.block_size,
-        )
+        attention = AttentionBatch.build(query_lens, starts, block_tables, self.block_size,
+                                         slot_mapping=slot_mapping, device=self.device)
         return StepInputs(
             input_ids=to_device(token_ids, torch.int64),
             positions=to_device(positions, torch.int64),
