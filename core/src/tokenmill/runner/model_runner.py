@@ -2,7 +2,7 @@
 
 Per step: flatten the scheduled requests (StepInputs), let the attention backend plan once, run
 the model, take the logits of the rows that sample, and sample (or, for greedy batches, ask the
-model for the argmax directly). Requests that fed draft tokens get the target's argmax at every
+model for the argmax directly); pooling requests' rows are pooled instead (``PooledStates``). Requests that fed draft tokens get the target's argmax at every
 draft and keep the tokens up to the first mismatch (``accept_greedy``); ``propose`` asks the
 speculative-decoding proposer, if any, for the next drafts. The runner knows the platform only
 through its device, the attention backend and the layer kernels it was given.
@@ -22,6 +22,7 @@ from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LayerKernels
 from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.kv_cache_pages import IDLE_CHUNK_BYTES, STARTUP_BYTES, KvCachePages
+from tokenmill.runner.pooled_states import PooledStates
 from tokenmill.runner.prefill_graphs import PrefillGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder, StepInputs
 from tokenmill.runner.zeroed_memory import zeroed_tensor
@@ -38,9 +39,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RunnerOutput:
-    """Sampled tokens (and logprobs when asked) of one step, by request id."""
+    """Sampled tokens (and logprobs when asked) of one step, by request id, and the pooled float32
+    vectors of the pooling requests whose prompt the step finished."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)
     logprobs: dict[str, list[LogprobsEntry]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[LogprobsEntry | None]] = field(default_factory=dict)
 
@@ -80,6 +83,10 @@ class ModelRunner:
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
         self.greedy = GreedyArgmax(layer_kernels)  # every greedy token id of the runner, sampler and drafter
         self.sampler = Sampler(self.greedy)
+        self.pooled = PooledStates()
+        # an encoder attends bidirectionally over whole prompts, with no KV cache: its steps run
+        # ``embed_hidden`` on the flat batch (the scheduler never splits its prompts)
+        self.is_encoder = bool(getattr(model, "is_encoder", False))
         self.decode_graphs: DecodeGraphRunner | None = None  # set (and captured) by the engine builder
         self.prefill_graphs: PrefillGraphRunner | None = None  # likewise
         self.proposer: Proposer | None = None  # speculative decoding's drafter, set by the engine builder
@@ -89,15 +96,16 @@ class ModelRunner:
         """Run the model on the step and sample for every request whose chunk ends its known tokens."""
         if scheduler_output.finished_request_ids:
             self.sampler.release(scheduler_output.finished_request_ids)
+            self.pooled.release(scheduler_output.finished_request_ids)
         result = RunnerOutput()
         if scheduler_output.is_empty:
             return result
         step = self.inputs.build(scheduler_output.scheduled)
-        hidden = self._replay(step)
-        if hidden is None:
-            metadata = self.backend.plan(step.attention)
-            ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
-            hidden = self.model(step.input_ids, step.positions, ctx)
+        hidden = self._hidden(step)
+        for scheduled, start, end in step.pooling_chunks:
+            vector = self.pooled.add(scheduled, hidden[start:end])
+            if vector is not None:
+                result.pooled[scheduled.request_id] = vector.cpu()
 
         for scheduled in scheduler_output.scheduled:
             span = step.prompt_logprob_spans.get(scheduled.request_id)
@@ -155,6 +163,18 @@ class ModelRunner:
         """Let the platform derive what it needs from the LM head before the first request
         (``GreedyArgmax.prepare``)."""
         self.greedy.prepare(self.model, hidden_size, dtype, self.device)
+
+    def _hidden(self, step: StepInputs) -> torch.Tensor:
+        """The step's hidden states [T, hidden]: an encoder's ``embed_hidden``, else a graph's replay, else
+        the model's forward with the attention backend's plan."""
+        if self.is_encoder:
+            return self.model.embed_hidden(step.input_ids, step.positions, step.attention.query_lens_cpu)
+        hidden = self._replay(step)
+        if hidden is None:
+            metadata = self.backend.plan(step.attention)
+            ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
+            hidden = self.model(step.input_ids, step.positions, ctx)
+        return hidden
 
     def _replay(self, step: StepInputs) -> torch.Tensor | None:
         """The step's hidden states through a decode or prefill graph, or None to run it eagerly."""

@@ -20,6 +20,8 @@ class StepInputs:
     when it asked for prompt logprobs. ``verify_rows`` holds, request after request of
     ``verify_requests``, the rows whose argmax checks each draft token (the rows of the tokens fed
     before each draft; the row of the last draft is the request's ``sample_rows`` entry).
+    ``pooling_chunks`` lists each pooling request's chunk with its rows ``[start, end)``: such a
+    request never samples, its hidden states are pooled.
     """
 
     input_ids: torch.Tensor
@@ -30,6 +32,7 @@ class StepInputs:
     prompt_logprob_spans: dict[str, tuple[int, int]]
     verify_rows: torch.Tensor | None = None
     verify_requests: tuple[ScheduledRequest, ...] = ()
+    pooling_chunks: tuple[tuple[ScheduledRequest, int, int], ...] = ()
 
 
 class StepInputBuilder:
@@ -68,9 +71,12 @@ class StepInputBuilder:
         slot_mapping = block_tables[request_of_token, block_index].astype(np.int64) * self.block_size
         slot_mapping += positions % self.block_size
 
-        sample_requests = [s for s in scheduled if s.sample]
-        sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i, s in enumerate(scheduled) if s.sample),
+        samples = [s.sample and s.request.pooling is None for s in scheduled]
+        sample_requests = [s for s, samples_here in zip(scheduled, samples, strict=True) if samples_here]
+        sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i, samples_here in enumerate(samples) if samples_here),
                                   dtype=np.int64, count=len(sample_requests))
+        pooling_chunks = tuple((s, int(query_start_loc[i]), int(query_start_loc[i + 1]))
+                               for i, s in enumerate(scheduled) if s.request.pooling is not None)
         verify_requests = tuple(s for s in scheduled if s.sample and s.num_spec_tokens)
         verify_rows = None
         if verify_requests:
@@ -98,4 +104,5 @@ class StepInputBuilder:
             prompt_logprob_spans=prompt_logprob_spans,
             verify_rows=None if verify_rows is None else to_device(verify_rows, torch.int64),
             verify_requests=verify_requests,
+            pooling_chunks=pooling_chunks,
         )
