@@ -4,8 +4,8 @@ vocabulary, loaded for grammars when a request first asks for structured output)
 It receives tokenized requests (EngineCoreRequest) and emits token-level results
 (EngineCoreOutputs); detokenization and stop strings belong to the front end. Embedding requests
 (``add_embedding``) run through the same scheduler as pooling requests (``EmbeddingJobs``); their
-vectors are collected with ``take_embeddings``. It runs in the
-caller's process (LLM) or in its own process behind a ZMQ socket (the server).
+vectors are collected with ``take_embeddings``. It runs in the caller's process (LLM) or in its own
+process behind a ZMQ socket (the server).
 """
 
 from __future__ import annotations

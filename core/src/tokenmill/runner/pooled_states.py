@@ -37,10 +37,11 @@ class PooledStates:
             return pool(hidden, [hidden.shape[0]], config)[0]
         rows = hidden.float()
         kept, count = partial if partial is not None else (None, 0)
+        # rows kept are copies: ``hidden`` may be a graph's output buffer, written again by the next step
         if config.method == "cls":
-            kept = kept if kept is not None else rows[0]
+            kept = kept if kept is not None else rows[0].clone()
         elif config.method == "last":
-            kept = rows[-1]
+            kept = rows[-1].clone()
         else:
             kept = rows.sum(dim=0) if kept is None else kept + rows.sum(dim=0)
         count += rows.shape[0]
