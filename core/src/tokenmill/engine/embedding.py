@@ -1,5 +1,4 @@
-"""Embeddings in the engine: the pooling a model gets, in-process embedding through the scheduler, and
-OpenAI's /v1/embeddings response.
+"""Embeddings in the engine: a model's pooling, in-process embedding through the scheduler, the OpenAI body.
 
 An embedding prompt is a pooling request of the scheduler (``EngineCore.add_embedding``): it runs as
 scheduled prefill chunks beside every other request, several prompts batched in one step, and never
@@ -62,7 +61,8 @@ def model_pooling(model: Any, model_path: str, method: str | None = None,
     return replace(pooling, **overrides) if overrides else pooling
 
 
-def embed_in_process(engine: Any, token_ids: Sequence[Sequence[int]], pooling: PoolingConfig | None = None) -> np.ndarray:
+def embed_in_process(engine: Any, token_ids: Sequence[Sequence[int]],
+                     pooling: PoolingConfig | None = None) -> np.ndarray:
     """Float32 embeddings [prompts, hidden] of checked token-id prompts, in order, through an in-process
     LLMEngine's scheduler (``EngineCore.add_embedding``), stepping the engine until they are pooled.
     RuntimeError while the engine has generation requests, whose outputs those steps would swallow."""
