@@ -233,7 +233,8 @@ class EngineCoreProc:
 
     def _send_embeddings(self) -> None:
         for request_id, rows in self.core.take_embeddings().items():
-            self.outputs.send_multipart([EMBEDDINGS, encoder.encode(EngineCoreEmbeddings.from_array(request_id, rows))])
+            message = EngineCoreEmbeddings.from_array(request_id, rows)
+            self.outputs.send_multipart([EMBEDDINGS, encoder.encode(message)])
 
     def _send_step(self, step: EngineCoreOutputs) -> None:
         counters = (step.num_running, step.num_waiting, step.kv_cache_usage, step.prefix_cache_queries,

@@ -2,7 +2,8 @@
 
 Per step: flatten the scheduled requests (StepInputs), let the attention backend plan once, run
 the model, take the logits of the rows that sample, and sample (or, for greedy batches, ask the
-model for the argmax directly); pooling requests' rows are pooled instead (``PooledStates``). Requests that fed draft tokens get the target's argmax at every
+model for the argmax directly); pooling requests' rows are pooled instead
+(``PooledStates``). Requests that fed draft tokens get the target's argmax at every
 draft and keep the tokens up to the first mismatch (``accept_greedy``); ``propose`` asks the
 speculative-decoding proposer, if any, for the next drafts. The runner knows the platform only
 through its device, the attention backend and the layer kernels it was given.

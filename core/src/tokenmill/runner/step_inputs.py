@@ -71,10 +71,9 @@ class StepInputBuilder:
         slot_mapping = block_tables[request_of_token, block_index].astype(np.int64) * self.block_size
         slot_mapping += positions % self.block_size
 
-        samples = [s.sample and s.request.pooling is None for s in scheduled]
-        sample_requests = [s for s, samples_here in zip(scheduled, samples, strict=True) if samples_here]
-        sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i, samples_here in enumerate(samples) if samples_here),
-                                  dtype=np.int64, count=len(sample_requests))
+        sampling = [i for i, s in enumerate(scheduled) if s.sample and s.request.pooling is None]
+        sample_requests = [scheduled[i] for i in sampling]
+        sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i in sampling), dtype=np.int64, count=len(sampling))
         pooling_chunks = tuple((s, int(query_start_loc[i]), int(query_start_loc[i + 1]))
                                for i, s in enumerate(scheduled) if s.request.pooling is not None)
         verify_requests = tuple(s for s in scheduled if s.sample and s.num_spec_tokens)
