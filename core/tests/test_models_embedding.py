@@ -103,7 +103,7 @@ def test_decoder_embeddings_match_hf_hidden_states(decoder, method):
 
 
 def test_causal_lm_embeds_then_still_generates_like_hf(causal_decoder):
-    """The embedder's transient cache leaves the engine's KV cache alone: generation afterwards
+    """Pooling requests free their blocks and never read the prefix cache: generation afterwards
     matches HF's greedy output."""
     from tokenmill import LLM, SamplingParams
 

@@ -15,7 +15,8 @@ from tokenmill.loader.model_loader import build_model, load_weights
 from tokenmill.plugin_api import LayerKernels
 from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.request import Request
-from tokenmill.runner.model_runner import GREEDY_PREPARE_ROWS, ModelRunner
+from tokenmill.runner.model_runner import ModelRunner
+from tokenmill.sampling.greedy import PREPARE_ROWS
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler import Scheduler, SchedulerConfig
 
@@ -131,7 +132,7 @@ def test_the_runner_prepares_the_greedy_head_on_zero_rows(checkpoint):
     runner = _runner(checkpoint, kernels)
     runner.prepare_greedy_head(CONFIG["hidden_size"], torch.float32)
     assert kernels.greedy_calls == 2  # one row, and a batch past small-step paths such as the CPU's int8 one
-    assert [h.shape for h in seen] == [(1, CONFIG["hidden_size"]), (GREEDY_PREPARE_ROWS, CONFIG["hidden_size"])]
+    assert [h.shape for h in seen] == [(rows, CONFIG["hidden_size"]) for rows in PREPARE_ROWS] and PREPARE_ROWS[0] == 1
     assert all(h.dtype == torch.float32 and not h.any() for h in seen)
     runner.prepare_greedy_head(CONFIG["hidden_size"], torch.bfloat16)  # the head of a float32 model declines it
     runner.prepare_greedy_head(0, torch.float32)  # a config without a hidden size: nothing to prepare

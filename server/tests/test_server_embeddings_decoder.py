@@ -1,7 +1,7 @@
 """/v1/embeddings beside generation on the tiny random Llama (``tiny_server``): last-token pooled
 vectors equal the in-process ``LLM.embed``'s, and embedding requests answered while a greedy
-completion runs leave its tokens unchanged (the embedder's transient cache never touches the
-scheduler's KV cache, prefix-cached blocks included)."""
+completion runs, their prompts scheduled in the same steps as pooling requests, leave its tokens
+unchanged (a pooling request writes only its own blocks and never reads the prefix cache)."""
 
 import threading
 import time

@@ -1,8 +1,9 @@
 """The engine core's side of /v1/embeddings, in process: an encoder-only model (tiny random BERT)
 builds without KV-cache profiling or decode graphs, READY says it cannot generate, and the core's
-message loop answers EMBED with the Embedder's vectors (several forwards per request), refuses
-generation and empty prompts, and drops an embedding request aborted while queued. On a decoder,
-embedding between steps leaves the scheduler's KV cache bit-for-bit unchanged."""
+message loop answers EMBED with the vectors of its prompts run as pooling requests of the scheduler
+(several prompts a step, several steps a request), refuses generation and empty prompts, and drops an
+embedding request aborted while queued. On a decoder, prompts embedded in the same steps as a
+generating request, in prefill chunks, give the vectors they get alone and leave its tokens unchanged."""
 
 import threading
 from dataclasses import replace
@@ -19,8 +20,9 @@ from tokenmill.engine import messages as wire
 from tokenmill.engine.config_resolver import resolve_config
 from tokenmill.engine.core_builder import build_engine_core
 from tokenmill.engine.core_process import EngineCoreProc, ready_message
-from tokenmill.engine.embedding import Embedder
+from tokenmill.engine.embedding import model_pooling
 from tokenmill.engine.messages import EngineCoreEmbedRequest, EngineCoreRequest
+from tokenmill.layers.pooling import pool
 from tokenmill.plugin_api import MemoryInfo, PlatformCapabilities
 from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform
@@ -85,16 +87,46 @@ def test_encoder_skips_kv_profiling_and_decode_graphs(bert_config):
         core.shutdown()
 
 
+def _alone(core, config, prompts):
+    """Each prompt's embedding from its own encoder pass (the model's dense path, no engine)."""
+    model, pooling = core.runner.model, model_pooling(core.runner.model, config.model.path)
+    rows = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            hidden = model.embed_hidden(torch.tensor(prompt), torch.arange(len(prompt)), [len(prompt)])
+            rows.append(pool(hidden, [len(prompt)], pooling)[0].numpy())
+    return np.stack(rows)
+
+
+def test_encoder_prompts_share_steps_whole(bert_config):
+    core = build_engine_core(bert_config)
+    try:
+        prompts = [[1] * 30, [2] * 7, [3] * 64, [4] * 3]  # 64 = max_model_len, past max_num_batched_tokens (40)
+        core.add_embedding("e", prompts, model_pooling(core.runner.model, bert_config.model.path))
+        steps = []
+        while core.has_unfinished_requests():
+            scheduled = core.scheduler.schedule()
+            steps.append([s.num_tokens for s in scheduled.scheduled])
+            core.scheduler.update(scheduled, {})  # nothing to run: only the plan is checked here
+        assert steps == [[30, 7], [64], [3]]  # whole prompts, several a step, a long one alone
+    finally:
+        core.shutdown()
+
+
 def _send(socket, kind, payload):
     socket.send_multipart(wire.frame(kind, payload))
 
 
 def _replies(socket, count):
     replies = []
-    for _ in range(count):
+    while len(replies) < count:
         assert socket.poll(30_000), f"no reply after {replies}"
         kind, payload = socket.recv_multipart()
-        if kind in (wire.EMBEDDINGS, wire.REJECTED):
+        if kind == wire.OUTPUTS:  # the steps that ran the pooling requests: scheduler counters, no tokens
+            assert not wire.decode(kind, payload).outputs
+        elif kind == wire.EMBEDDINGS:
+            replies.append(wire.decode(kind, payload))
+        elif kind == wire.REJECTED:
             replies.append(wire.decode(kind, payload))
         else:
             raise AssertionError(f"unexpected message {kind!r}")
@@ -128,10 +160,11 @@ def test_core_loop_embeds_refuses_generation_and_drops_aborted_requests(bert_con
         assert "empty prompt" in replies["empty"].message
         got = replies["batch"].vectors()
         assert got.dtype == np.float32 and got.shape == (len(prompts), HIDDEN)
-        want = Embedder.for_core(core, bert_config).embed(prompts).numpy()
-        np.testing.assert_allclose(got, want, atol=1e-6)
+        np.testing.assert_allclose(got, _alone(core, bert_config, prompts), atol=1e-6)
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # normalized CLS pooling
-        assert not from_engine.poll(200)
+        while from_engine.poll(200):  # nothing else but counters
+            kind, payload = from_engine.recv_multipart()
+            assert kind == wire.OUTPUTS and not wire.decode(kind, payload).outputs
     finally:
         _send(to_engine, wire.SHUTDOWN, [])
         thread.join(30)
@@ -164,21 +197,37 @@ def _greedy_tokens(core, embed_between_steps=None):
     return tokens
 
 
-def test_decoder_embeddings_between_steps_leave_the_kv_cache_alone(llama_config):
+def test_decoder_embeddings_in_chunks_beside_generation(llama_config):
     core, reference = build_engine_core(llama_config), build_engine_core(llama_config)
-    embedder = Embedder.for_core(core, llama_config)
+    pooling = model_pooling(core.runner.model, llama_config.model.path)
     generator = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (40, 33, 20, 9)]  # 2 forwards
-    first = embedder.embed(prompts)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (40, 33, 20, 9)]  # 64-token steps
 
-    def embed_and_compare():
-        before = [cache.clone() for cache in core.runner.kv_caches]
-        torch.testing.assert_close(embedder.embed(prompts), first, atol=1e-6, rtol=0)
-        assert all(torch.equal(a, b) for a, b in zip(before, core.runner.kv_caches, strict=True))
+    def embed(engine_core, request_id):
+        engine_core.add_embedding(request_id, prompts, pooling)
+        rows = {}
+        while request_id not in rows:
+            engine_core.step()
+            rows.update(engine_core.take_embeddings())
+        return rows[request_id]
 
     try:
-        assert len(embedder.plan_batches(prompts)) == 2 and core.runner.kv_caches
-        assert _greedy_tokens(core, embed_and_compare) == _greedy_tokens(reference)
+        alone = embed(reference, "alone")
+        beside = {}
+        added = []
+
+        def embed_once():  # after the generating request's first step: its decodes share steps with the chunks
+            if not added:
+                core.add_embedding("beside", prompts, pooling)
+                added.append(True)
+            beside.update(core.take_embeddings())
+
+        assert _greedy_tokens(core, embed_once) == _greedy_tokens(reference)
+        while "beside" not in beside:
+            core.step()
+            beside.update(core.take_embeddings())
+        np.testing.assert_allclose(beside["beside"], alone, atol=1e-5)
+        assert core.scheduler.kv_cache_manager.usage() == 0.0  # every pooling request's blocks are free again
     finally:
         core.shutdown()
         reference.shutdown()

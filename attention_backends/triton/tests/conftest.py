@@ -187,21 +187,8 @@ def make_case(
         [*(v[c:] for v, c in zip(full_values, context_lens, strict=True)), randn_kv(padding, num_kv_heads, head_size)]
     )
     query = randn(num_tokens + padding, num_heads, head_size)
-    query_start_loc = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
-
-    batch = AttentionBatch(
-        query_start_loc=query_start_loc.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-        block_tables=block_tables.to(device),
-        slot_mapping=slot_mapping.to(device),
-        query_lens_cpu=list(query_lens),
-        seq_lens_cpu=seq_lens,
-        max_query_len=max(query_lens, default=0),
-        max_seq_len=max(seq_lens, default=0),
-        num_tokens=num_tokens,
-        block_size=block_size,
-    )
+    batch = AttentionBatch.build(query_lens, context_lens, block_tables, block_size, slot_mapping=slot_mapping,
+                                 device=device)
     return PagedCase(
         spec=spec,
         batch=batch,

@@ -64,15 +64,11 @@ class LLM:
         the model kind's default (encoders: CLS token, decoders: last token; normalised);
         ``pooling`` ("mean", "cls", "last") and ``normalize`` override it.
         """
-        from dataclasses import replace
-
-        from tokenmill.engine.embedding import Embedder, EmbeddingOutput, tokenize_for_embedding
+        from tokenmill.engine.embedding import EmbeddingOutput, embed_in_process, model_pooling, tokenize_for_embedding
 
         token_ids = [tokenize_for_embedding(self.engine, p) for p in self._as_prompt_list(prompts)]
-        embedder = Embedder.for_engine(self.engine)
-        overrides = {k: v for k, v in (("method", pooling), ("normalize", normalize)) if v is not None}
-        embedder.pooling = replace(embedder.pooling, **overrides)
-        vectors = embedder.embed(token_ids)
+        chosen = model_pooling(self.engine.core.runner.model, self.engine.config.model.path, pooling, normalize)
+        vectors = embed_in_process(self.engine, token_ids, chosen)
         return [EmbeddingRequestOutput(str(next(self._counter)), ids, EmbeddingOutput(vector.tolist()))
                 for ids, vector in zip(token_ids, vectors, strict=True)]
 

@@ -58,6 +58,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        pooling: object | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -66,6 +67,9 @@ class Request:
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
         self.priority = priority
         self.cache_salt = cache_salt
+        # a pooling request's PoolingConfig: its prompt is prefilled (in chunks, like any prompt) and its
+        # hidden states pooled into one vector when the last chunk has run; it never decodes
+        self.pooling = pooling
 
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -116,8 +120,9 @@ class Request:
 
     @property
     def skip_reading_prefix_cache(self) -> bool:
-        """Prompt logprobs need logits for every prompt token, so no prompt token may come from the cache."""
-        return self.sampling_params.prompt_logprobs is not None
+        """Prompt logprobs need logits for every prompt token, and pooling the hidden state of every prompt
+        token, so no prompt token may come from the cache."""
+        return self.sampling_params.prompt_logprobs is not None or self.pooling is not None
 
     @property
     def is_finished(self) -> bool:

@@ -17,20 +17,10 @@ pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(una
 
 def _batch(query_lens, context_lens, block_size, num_blocks, generator):
     """A step over requests with random, disjoint block tables (block 0 stays the null block)."""
-    seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
-    needed = [-(-s // block_size) for s in seq_lens]
+    needed = [-(-(q + c) // block_size) for q, c in zip(query_lens, context_lens, strict=True)]
     ids = (torch.randperm(num_blocks - 1, generator=generator) + 1).tolist()
-    tables, slots = torch.zeros(len(seq_lens), max(needed), dtype=torch.int32), []
-    for row, (count, q, c) in enumerate(zip(needed, query_lens, context_lens, strict=True)):
-        tables[row, :count] = torch.tensor([ids.pop() for _ in range(count)], dtype=torch.int32)
-        slots += [int(tables[row, p // block_size]) * block_size + p % block_size for p in range(c, c + q)]
-    starts = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)
-    return AttentionBatch(
-        query_start_loc=starts, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        context_lens=torch.tensor(context_lens, dtype=torch.int32), block_tables=tables,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64), query_lens_cpu=list(query_lens),
-        seq_lens_cpu=seq_lens, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        num_tokens=sum(query_lens), block_size=block_size)
+    tables = [[ids.pop() for _ in range(count)] for count in needed]
+    return AttentionBatch.build(query_lens, context_lens, tables, block_size)
 
 
 # (17, 1, 80): a prefill tile of 12 tokens x 17 heads, padded to 208 rows of 80 (past the kernel's 64 KiB)

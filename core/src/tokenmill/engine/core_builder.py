@@ -55,8 +55,11 @@ def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -
     encoder = model.is_encoder  # embeds whole sequences: no KV cache, no decode steps
     num_blocks = _profiled_num_blocks(config, model, backend) if config.gpu_memory_utilization and not encoder \
         else config.cache.num_blocks
+    # an encoder's prompt runs whole in one step (its attention is bidirectional), so any prompt must fit one
+    step_tokens = max(config.max_num_batched_tokens, config.model.max_model_len) if encoder \
+        else config.max_num_batched_tokens
     runner = ModelRunner(model, backend, num_blocks=num_blocks, block_size=config.cache.block_size,
-                         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+                         max_num_batched_tokens=step_tokens, max_num_seqs=config.max_num_seqs,
                          max_model_len=config.model.max_model_len, vocab_size=config.model.vocab_size,
                          device=platform.torch_device(), layer_kernels=build.layer_kernels)
     speculative = config.speculative
@@ -71,10 +74,10 @@ def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -
         runner.proposer = _proposer(config, runner, attention.backend_cls)
     num_speculative_tokens = speculative.num_speculative_tokens if speculative is not None else 0
     scheduler = Scheduler(SchedulerConfig(
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=step_tokens,
         max_model_len=config.model.max_model_len, block_size=config.cache.block_size,
-        num_blocks=num_blocks, enable_prefix_caching=config.cache.enable_prefix_caching,
-        enable_chunked_prefill=config.enable_chunked_prefill, policy=config.scheduling_policy,
+        num_blocks=num_blocks, enable_prefix_caching=config.cache.enable_prefix_caching and not encoder,
+        enable_chunked_prefill=config.enable_chunked_prefill and not encoder, policy=config.scheduling_policy,
         num_lookahead_tokens=num_speculative_tokens))
     hooks = build_plugin_manager(discover()).hook
     hooks.on_engine_start(engine_info={
@@ -111,7 +114,7 @@ def _proposer(config: EngineConfig, runner: ModelRunner, attention_backend: type
     proposer = DraftModelProposer(draft, runner.backend, runner.kv_caches,
                                   num_speculative_tokens=spec.num_speculative_tokens, max_num_seqs=config.max_num_seqs,
                                   max_blocks_per_seq=runner.inputs.max_blocks_per_seq,
-                                  block_size=config.cache.block_size, device=runner.device)
+                                  block_size=config.cache.block_size, device=runner.device, greedy=runner.greedy)
     if runner.decode_graphs is not None:
         graphs = DecodeGraphRunner(draft, runner.backend, runner.kv_caches, max_num_seqs=runner.decode_graphs.buckets[-1],
                                    max_blocks_per_seq=runner.inputs.max_blocks_per_seq,

@@ -5,9 +5,8 @@ interpreter, never multiprocessing: nothing is pickled). The parent writes the E
 to stdin; every later message travels as the wire module's frames (``tokenmill.engine.messages``):
 requests in on a PULL socket, READY, step outputs, embeddings and failures out on a PUSH socket.
 
-Embedding requests run between engine steps, one forward (``Embedder.plan_batches``) per loop
-turn, so a large one does not stall generation; the Embedder is built on the first one and runs
-on its own transient KV cache, never the scheduler's.
+An embedding request's prompts become pooling requests of the same scheduler (``EngineCore.add_embedding``),
+so they are batched into the steps with everything else; its rows are sent once its last prompt is pooled.
 
 The process dies with its parent: PR_SET_PDEATHSIG on Linux plus a watchdog on the parent's pid.
 """
@@ -22,7 +21,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -87,19 +85,10 @@ def ready_message(config: Any, loaded_model: Any = None, num_kv_blocks: int | No
         embedding_size=model.hidden_size)
 
 
-class _EmbedJob:
-    """An embedding request in progress: its forwards still to run and the rows done so far."""
-
-    def __init__(self, request: EngineCoreEmbedRequest) -> None:
-        self.request = request
-        self.batches: deque[list[int]] | None = None  # planned by the Embedder on the first turn
-        self.rows: np.ndarray | None = None
-
-
 class EngineCoreProc:
-    """The busy loop: take every queued message, run one step while there is work (and one
-    embedding forward while embeddings wait), send the outputs. With nothing to do it captures the
-    graphs the builder deferred, one per turn, checking for messages between them."""
+    """The busy loop: take every queued message, run one step while there is work (generation and
+    embedding requests alike), send the outputs and the finished embeddings. With nothing to do it
+    captures the graphs the builder deferred, one per turn, checking for messages between them."""
 
     def __init__(self, core: Any, config: Any, requests: zmq.Socket, outputs: zmq.Socket) -> None:
         self.core = core
@@ -111,22 +100,20 @@ class EngineCoreProc:
         self._running = True
         self._last_stats: SchedulerStats | None = None
         self._can_generate = can_generate(core.runner.model)
-        self._embeds: deque[_EmbedJob] = deque()
-        self._embedder: Any = None
+        self._pooling: Any = None  # the model's PoolingConfig, resolved at the first embedding request
 
     def run(self) -> None:
         idle_work_left = True  # graphs the builder left for idle time, KV cache pages not yet backed
         while self._running:
-            busy = self.core.has_unfinished_requests() or bool(self._embeds)
+            busy = self.core.has_unfinished_requests()
             if not busy and idle_work_left and not self._poller.poll(0):
                 idle_work_left = self.core.runner.work_while_idle()
                 continue
             if self._poller.poll(0 if busy else _IDLE_POLL_MS):
                 self._drain_requests()
-            if self._running and self._embeds:
-                self._embed_next()
             if self._running and self.core.has_unfinished_requests():
                 self._send_step(self.core.step())
+                self._send_embeddings()
 
     def _drain_requests(self) -> None:
         while self._running:
@@ -151,11 +138,9 @@ class EngineCoreProc:
                 except ValueError as error:
                     self._reject(request.request_id, str(error))
         elif kind == wire.EMBED:
-            self._embeds.append(_EmbedJob(message))
+            self._add_embedding(message)
         elif kind == wire.ABORT:
             self.core.abort_requests(message)
-            dropped = set(message)
-            self._embeds = deque(job for job in self._embeds if job.request.request_id not in dropped)
         elif kind == wire.FINISH:
             self.core.finish_requests(message, stop_reason=None)
         elif kind == wire.SHUTDOWN:
@@ -166,33 +151,23 @@ class EngineCoreProc:
     def _reject(self, request_id: str, message: str) -> None:
         self.outputs.send_multipart(wire.frame(wire.REJECTED, EngineCoreFailure(message, request_id)))
 
-    def _embed_next(self) -> None:
-        """Run the next forward of the oldest embedding request; reply once its last one ran.
-        A ValueError (a prompt or pooling the model cannot embed) refuses that request only."""
-        job = self._embeds[0]
-        prompts = job.request.prompts
+    def _add_embedding(self, request: EngineCoreEmbedRequest) -> None:
+        """Queue an embedding request's prompts as pooling requests; a ValueError (a prompt that can never
+        run, a pooling the model directory declares but tokenmill lacks) refuses that request only."""
         try:
-            if self._embedder is None:
-                from tokenmill.engine.embedding import Embedder
+            if self._pooling is None:
+                from tokenmill.engine.embedding import model_pooling
 
-                self._embedder = Embedder.for_core(self.core, self.config)
-            if job.batches is None:
-                job.batches = deque(self._embedder.plan_batches(prompts))
-            if job.batches:
-                batch = job.batches.popleft()
-                vectors = self._embedder.embed_batch([prompts[i] for i in batch]).cpu().numpy()
-                if job.rows is None:
-                    job.rows = np.empty((len(prompts), vectors.shape[1]), dtype="<f4")
-                job.rows[batch] = vectors
+                self._pooling = model_pooling(self.core.runner.model, self.config.model.path)
+            self.core.add_embedding(request.request_id, request.prompts, self._pooling)
         except ValueError as error:
-            self._embeds.popleft()
-            self._reject(job.request.request_id, str(error))
+            self._reject(request.request_id, str(error))
             return
-        if not job.batches:
-            self._embeds.popleft()
-            rows = job.rows if job.rows is not None else np.empty((0, 0), dtype="<f4")
-            self.outputs.send_multipart(wire.frame(wire.EMBEDDINGS, EngineCoreEmbeddings.from_array(
-                job.request.request_id, rows)))
+        self._send_embeddings()  # a request without prompts is finished at once
+
+    def _send_embeddings(self) -> None:
+        for request_id, rows in self.core.take_embeddings().items():
+            self.outputs.send_multipart(wire.frame(wire.EMBEDDINGS, EngineCoreEmbeddings.from_array(request_id, rows)))
 
     def _send_step(self, step: EngineCoreOutputs) -> None:
         """Send a step that produced outputs or changed the scheduler's stats (an idle turn sends nothing)."""

@@ -1,26 +1,23 @@
-"""Embedder: whole prompts -> pooled embeddings, beside the generation loop (no scheduler).
+"""Embeddings in the engine: a model's pooling, in-process embedding through the scheduler, the OpenAI body.
 
-An embedding request needs one forward over its whole prompt and nothing after it, so the
-embedder batches prompts itself (up to ``max_batch_tokens`` per forward) and never touches the
-engine's KV cache or scheduler:
-
-* encoders (``model.is_encoder``) run their dense bidirectional path (``embed_hidden``);
-* decoders run their normal forward as fresh causal prefills through the step's attention
-  backend, on a transient KV cache sized for the batch and dropped after it.
-
-Hidden states are then pooled (``tokenmill.layers.pooling``). ``embed_for_api`` shapes the result
-as OpenAI's /v1/embeddings response (floats or base64 float32, ``embedding_inputs``). The server
-runs the same Embedder inside the engine-core process (``core_process``), between steps.
+An embedding prompt is a pooling request of the scheduler (``EngineCore.add_embedding``): it runs as
+scheduled prefill chunks beside every other request, several prompts batched in one step, and never
+decodes; the runner pools its hidden states (``runner.pooled_states``) as its last chunk runs, and
+its blocks are freed then. Encoders (``model.is_encoder``) run their dense bidirectional path on
+whole prompts, without a KV cache. ``embed_in_process`` drives an in-process engine (``LLM.embed``);
+the server's engine-core process queues the same requests between its steps (``core_process``).
+``embed_for_api`` shapes the result as OpenAI's /v1/embeddings response (floats or base64 float32,
+``embedding_inputs``).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-from torch import nn
+import numpy as np
 
 from tokenmill.engine.embedding_inputs import (
     checked_embedding_ids,
@@ -28,13 +25,12 @@ from tokenmill.engine.embedding_inputs import (
     embedding_response,
     encode_embedding,
 )
-from tokenmill.layers.context import AttentionContext
-from tokenmill.layers.pooling import DEFAULT_DECODER_POOLING, PoolingConfig, pool
-from tokenmill.plugin_api import AttentionBackend, AttentionBatch
+from tokenmill.layers.pooling import DEFAULT_DECODER_POOLING, PoolingConfig
 
-__all__ = ["DEFAULT_DECODER_POOLING", "Embedder", "EmbeddingOutput", "EmbeddingRequestOutput", "embed_for_api",
-           "encode_embedding", "fresh_prefill_batch", "tokenize_for_embedding"]
+__all__ = ["DEFAULT_DECODER_POOLING", "EmbeddingOutput", "EmbeddingRequestOutput", "embed_for_api", "embed_in_process",
+           "encode_embedding", "model_pooling", "tokenize_for_embedding"]
 
+_EMBEDDING_IDS = itertools.count()
 
 
 @dataclass
@@ -54,98 +50,33 @@ class EmbeddingRequestOutput:
     finished: bool = True
 
 
-def fresh_prefill_batch(seq_lens: Sequence[int], block_size: int, device: torch.device) -> AttentionBatch:
-    """The AttentionBatch of whole prompts prefilled from nothing, each on its own consecutive
-    blocks of a transient cache (block 0 is never used, as in the engine)."""
-    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
-    width = max(blocks_per_seq)
-    tables, slots, first = [], [], 1
-    for n, count in zip(seq_lens, blocks_per_seq, strict=True):
-        table = list(range(first, first + count))
-        tables.append(table + [0] * (width - count))
-        slots.append(torch.arange(n) + first * block_size)
-        first += count
-    starts = [0]
-    for n in seq_lens:
-        starts.append(starts[-1] + n)
-    as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
-    return AttentionBatch(
-        query_start_loc=as_tensor(starts, torch.int32), seq_lens=as_tensor(list(seq_lens), torch.int32),
-        context_lens=as_tensor([0] * len(seq_lens), torch.int32), block_tables=as_tensor(tables, torch.int32),
-        slot_mapping=torch.cat(slots).to(device), query_lens_cpu=list(seq_lens), seq_lens_cpu=list(seq_lens),
-        max_query_len=max(seq_lens), max_seq_len=max(seq_lens), num_tokens=starts[-1], block_size=block_size)
+def model_pooling(model: Any, model_path: str, method: str | None = None,
+                  normalize: bool | None = None) -> PoolingConfig:
+    """The pooling of a loaded model: its directory's sentence-transformers files when present, else the
+    model kind's default (encoders: CLS, decoders: last token; normalised), with ``method`` and
+    ``normalize`` overriding it when given. ValueError for a pooling tokenmill does not implement."""
+    pooling = PoolingConfig.from_model_dir(model_path, model.default_pooling)
+    overrides = {k: v for k, v in (("method", method), ("normalize", normalize)) if v is not None}
+    return replace(pooling, **overrides) if overrides else pooling
 
 
-class Embedder:
-    """Pooled embeddings from a loaded model, in batches of at most ``max_batch_tokens`` tokens."""
-
-    def __init__(self, model: nn.Module, backend: AttentionBackend, device: torch.device, pooling: PoolingConfig,
-                 *, max_batch_tokens: int = 2048, block_size: int = 16) -> None:
-        self.model = model
-        self.backend = backend
-        self.device = device
-        self.pooling = pooling
-        self.max_batch_tokens = max_batch_tokens
-        self.block_size = block_size
-
-    @classmethod
-    def for_engine(cls, engine: Any, pooling: PoolingConfig | None = None) -> Embedder:
-        """An embedder over an in-process LLMEngine's model; ``pooling`` None means the model
-        directory's sentence-transformers pooling, else the model kind's default."""
-        return cls.for_core(engine.core, engine.config, pooling)
-
-    @classmethod
-    def for_core(cls, core: Any, config: Any, pooling: PoolingConfig | None = None) -> Embedder:
-        """An embedder over an EngineCore's loaded model (``config``: its resolved EngineConfig)."""
-        runner = core.runner
-        model = runner.model
-        if pooling is None:
-            pooling = PoolingConfig.from_model_dir(config.model.path, model.default_pooling)
-        return cls(model, runner.backend, runner.device, pooling, max_batch_tokens=config.max_num_batched_tokens,
-                   block_size=config.cache.block_size)
-
-    def plan_batches(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Prompt indices grouped into forwards of at most ``max_batch_tokens`` tokens (a longer
-        prompt runs alone), in order."""
-        batches, current, tokens = [], [], 0
-        for index, prompt in enumerate(prompts):
-            if current and tokens + len(prompt) > self.max_batch_tokens:
-                batches.append(current)
-                current, tokens = [], 0
-            current.append(index)
-            tokens += len(prompt)
-        return batches + [current] if current else batches
-
-    def _hidden(self, prompts: list[Sequence[int]]) -> torch.Tensor:
-        seq_lens = [len(p) for p in prompts]
-        input_ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=self.device)
-        positions = torch.cat([torch.arange(n) for n in seq_lens]).to(self.device)
-        if self.model.is_encoder:
-            return self.model.embed_hidden(input_ids, positions, seq_lens)
-        batch = fresh_prefill_batch(seq_lens, self.block_size, self.device)
-        num_blocks = 1 + sum(-(-n // self.block_size) for n in seq_lens)
-        caches = [torch.zeros(self.backend.kv_cache_shape(num_blocks, self.block_size, s.num_kv_heads, s.head_size),
-                              dtype=self.backend.kv_cache_torch_dtype(s), device=self.device)
-                  for s in self.model.attention_specs()]
-        ctx = AttentionContext(backend=self.backend, metadata=self.backend.plan(batch), kv_caches=caches)
-        return self.model(input_ids, positions, ctx)
-
-    @torch.inference_mode()
-    def embed_batch(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Float32 embeddings [len(prompts), hidden] of one forward's prompts (see ``plan_batches``)."""
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("cannot embed an empty prompt")
-        return pool(self._hidden(list(prompts)), [len(p) for p in prompts], self.pooling)
-
-    def embed(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Float32 embeddings [len(prompts), hidden] of token-id prompts, in order."""
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("cannot embed an empty prompt")
-        rows: list[torch.Tensor | None] = [None] * len(prompts)
-        for batch in self.plan_batches(prompts):
-            for index, row in zip(batch, self.embed_batch([prompts[i] for i in batch]), strict=True):
-                rows[index] = row
-        return torch.stack(rows) if rows else torch.empty(0)
+def embed_in_process(engine: Any, token_ids: Sequence[Sequence[int]],
+                     pooling: PoolingConfig | None = None) -> np.ndarray:
+    """Float32 embeddings [prompts, hidden] of checked token-id prompts, in order, through an in-process
+    LLMEngine's scheduler (``EngineCore.add_embedding``), stepping the engine until they are pooled.
+    RuntimeError while the engine has generation requests, whose outputs those steps would swallow."""
+    if engine.has_unfinished_requests():
+        raise RuntimeError("an in-process engine embeds only while it generates nothing (finish or abort first)")
+    core = engine.core
+    if pooling is None:
+        pooling = model_pooling(core.runner.model, engine.config.model.path)
+    request_id = f"embed-{next(_EMBEDDING_IDS)}"
+    core.add_embedding(request_id, token_ids, pooling)
+    finished: dict[str, np.ndarray] = {}
+    while request_id not in finished:
+        engine.step()
+        finished.update(core.take_embeddings())
+    return finished[request_id]
 
 
 def embed_for_api(llm_or_engine: Any, inputs: str | Sequence[Any], encoding_format: str = "float",
@@ -157,7 +88,7 @@ def embed_for_api(llm_or_engine: Any, inputs: str | Sequence[Any], encoding_form
     if encoding_format not in ("float", "base64"):
         raise ValueError(f"encoding_format must be 'float' or 'base64', not {encoding_format!r}")
     token_ids = embedding_prompts(engine.inputs, engine.config.model, inputs)
-    vectors = Embedder.for_engine(engine).embed(token_ids).cpu().numpy()
+    vectors = embed_in_process(engine, token_ids)
     return embedding_response(vectors, sum(len(t) for t in token_ids), encoding_format,
                               model_name or engine.config.model.served_model_name)
 

@@ -2,8 +2,10 @@
 vocabulary, loaded for grammars when a request first asks for structured output).
 
 It receives tokenized requests (EngineCoreRequest) and emits token-level results
-(EngineCoreOutputs); detokenization and stop strings belong to the front end. It runs in the
-caller's process (LLM) or in its own process behind a ZMQ socket (the server).
+(EngineCoreOutputs); detokenization and stop strings belong to the front end. Embedding requests
+(``add_embedding``) run through the same scheduler as pooling requests (``EmbeddingJobs``); their
+vectors are collected with ``take_embeddings``. It runs in the caller's process (LLM) or in its own
+process behind a ZMQ socket (the server).
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Sequence
 
+import numpy as np
+
+from tokenmill.engine.embedding_jobs import EmbeddingJobs
 from tokenmill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.layers.pooling import PoolingConfig
 from tokenmill.request import Request, RequestStatus
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.scheduler.scheduler import Scheduler
@@ -38,10 +45,14 @@ class EngineCore:
         self._on_request_finished = on_request_finished
         self._on_stop = on_stop
         self._pending: list[EngineCoreOutput] = []  # results of aborts, sent with the next step
+        self._embeddings = EmbeddingJobs()
 
     def add_request(self, message: EngineCoreRequest) -> None:
         """Queue a request; raises ValueError when it can never run (too long for the cache, or a
-        structured-output constraint that does not compile)."""
+        structured-output constraint that does not compile); TypeError on an encoder, which only embeds."""
+        if self.runner.is_encoder:
+            raise TypeError(f"{type(self.runner.model).__name__} is an encoder-only embedding model: use LLM.embed, "
+                            f"not generate")
         request = Request.from_engine_core_request(message)
         if request.sampling_params.structured_outputs is None:
             self.scheduler.add_request(request, fork_of=message.fork_of)
@@ -51,8 +62,27 @@ class EngineCore:
         self.scheduler.check_admissible(request)
         self._grammar_queue.submit(request, message.fork_of)  # scheduled once its grammar is compiled
 
+    def add_embedding(self, request_id: str, prompts: Sequence[Sequence[int]], pooling: PoolingConfig) -> None:
+        """Queue an embedding request: each prompt becomes a pooling request of the scheduler. Raises
+        ValueError, adding none of them, when one can never run (empty, too long for the cache)."""
+        requests = self._embeddings.open(request_id, prompts, pooling)
+        try:
+            for request in requests:
+                self.scheduler.check_admissible(request)
+        except ValueError:
+            self._embeddings.close([request_id])
+            raise
+        for request in requests:
+            self.scheduler.add_request(request)
+
+    def take_embeddings(self) -> dict[str, np.ndarray]:
+        """The float32 rows [prompts, hidden] of every embedding request finished since the last call."""
+        return self._embeddings.take_finished()
+
     def abort_requests(self, request_ids: list[str]) -> None:
-        """Abort requests at any stage; each gets a final "abort" output at the next step."""
+        """Abort requests at any stage; each gets a final "abort" output at the next step (an embedding
+        request is dropped without one)."""
+        self.scheduler.finish_requests(self._embeddings.close(request_ids), RequestStatus.FINISHED_ABORTED)
         self._finish(request_ids, RequestStatus.FINISHED_ABORTED, None)
 
     def finish_requests(self, request_ids: list[str], stop_reason: str | None) -> None:
@@ -93,6 +123,9 @@ class EngineCore:
             for update in updates:
                 request = update.request
                 request_id = request.request_id
+                if request.pooling is not None:
+                    self._embeddings.complete(request_id, result.pooled[request_id].numpy())
+                    continue
                 logprobs = result.logprobs.get(request_id)
                 outputs.append(EngineCoreOutput(
                     request_id,

@@ -5,8 +5,9 @@ encoders take a dense path with no KV cache: the flat batch is split by sequence
 [B, L], and attended with a key-padding mask in one ``scaled_dot_product_attention``. The model
 has no attention specs (nothing is cached) and cannot generate.
 
-Pooling models expose ``embed_hidden(input_ids, positions, seq_lens) -> [T, hidden]`` (what
-``tokenmill.engine.embedding`` calls); ``is_encoder`` tells the embedder not to plan paged attention.
+Pooling models expose ``embed_hidden(input_ids, positions, seq_lens) -> [T, hidden]`` (what the
+model runner calls on a step of whole prompts); ``is_encoder`` tells the engine builder and the
+runner that steps never plan paged attention and prompts are never split.
 """
 
 from __future__ import annotations

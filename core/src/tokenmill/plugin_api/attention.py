@@ -1,10 +1,10 @@
 """The AttentionBackend contract: paged attention over a block-structured KV cache.
 
 Every step the model runner flattens the scheduled requests into one token batch (prefill chunks
-and decodes mixed, request after request), builds an ``AttentionBatch``, calls ``plan`` once, and
-passes the returned metadata to ``forward`` in every attention layer. ``forward`` first writes the
-step's new keys and values into the cache at ``slot_mapping``, then attends each query token to all
-keys of its own request up to and including its own position.
+and decodes mixed, request after request), builds an ``AttentionBatch`` (``AttentionBatch.build``),
+calls ``plan`` once, and passes the returned metadata to ``forward`` in every attention layer.
+``forward`` first writes the step's new keys and values into the cache at ``slot_mapping``, then
+attends each query token to all keys of its own request up to and including its own position.
 
 All calls happen in the engine (worker) process.
 """
@@ -13,6 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from tokenmill.plugin_api.attention_batch import AttentionBatch
+from tokenmill.plugin_api.version import PLUGIN_API_VERSION
+
+__all__ = ["AttentionBackend", "AttentionBatch", "AttentionCapabilities", "AttentionSpec"]
 
 
 @dataclass(frozen=True)
@@ -57,39 +62,6 @@ class AttentionCapabilities:
     block_tables, slot_mapping) and ``forward`` reads query starts, lengths, tables and slots from
     them alone, so the plan made for one padded prefill stays valid for any split of the same number
     of tokens, including requests of zero or one token (since plugin API 1.5). Default False."""
-
-
-@dataclass
-class AttentionBatch:
-    """The flattened step, shared by every layer. Tensors live on the compute device.
-
-    ``B`` requests, ``T`` tokens in all. Request ``i`` owns query tokens
-    ``query_start_loc[i]:query_start_loc[i+1]``; it had ``context_lens[i]`` tokens in the cache
-    before this step and has ``seq_lens[i] = context_lens[i] + query_len`` after it. The
-    ``*_cpu`` lists mirror the tensors so a backend can plan without a device sync.
-    """
-
-    query_start_loc: Any  # int32 [B + 1]
-    seq_lens: Any  # int32 [B]
-    context_lens: Any  # int32 [B]
-    block_tables: Any  # int32 [B, max_blocks]; padded with 0
-    slot_mapping: Any  # int64 [T]: block_id * block_size + offset of each new token
-    query_lens_cpu: list[int]
-    seq_lens_cpu: list[int]
-    max_query_len: int
-    max_seq_len: int
-    num_tokens: int
-    block_size: int
-
-    @property
-    def num_requests(self) -> int:
-        """How many requests the step holds."""
-        return len(self.seq_lens_cpu)
-
-    @property
-    def is_pure_decode(self) -> bool:
-        """True when every request feeds exactly one token (a decode-only step)."""
-        return self.max_query_len == 1
 
 
 class AttentionBackend:

@@ -51,37 +51,23 @@ class PagedHarness:
 
     def step(self, chunks: Sequence[tuple[Hashable, Sequence[int]]]) -> Step:
         """Feed ``token_ids`` to each ``seq`` after the tokens it already has; one flat batch."""
-        ids, positions, slots, query_lens, seq_lens, context_lens, tables, rows = [], [], [], [], [], [], [], []
+        ids, positions, query_lens, context_lens, tables, rows = [], [], [], [], [], []
         for seq, tokens in chunks:
             start = self.lengths.get(seq, 0)
             end = start + len(tokens)
             table = self._grow(seq, end)
-            for pos in range(start, end):
-                slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
             ids.extend(tokens)
             positions.extend(range(start, end))
             query_lens.append(len(tokens))
-            seq_lens.append(end)
             context_lens.append(start)
             tables.append(table)
             rows.append(len(ids) - 1)
             self.lengths[seq] = end
-        width = max(len(t) for t in tables)
-        block_tables = [t + [0] * (width - len(t)) for t in tables]
-        starts = [0]
-        for q in query_lens:
-            starts.append(starts[-1] + q)
+        batch = AttentionBatch.build(query_lens, context_lens, tables, self.block_size, device=self.device)
 
         def tensor(values, dtype):
             return torch.tensor(values, dtype=dtype, device=self.device)
 
-        batch = AttentionBatch(
-            query_start_loc=tensor(starts, torch.int32), seq_lens=tensor(seq_lens, torch.int32),
-            context_lens=tensor(context_lens, torch.int32), block_tables=tensor(block_tables, torch.int32),
-            slot_mapping=tensor(slots, torch.int64), query_lens_cpu=query_lens, seq_lens_cpu=seq_lens,
-            max_query_len=max(query_lens), max_seq_len=max(seq_lens), num_tokens=len(ids),
-            block_size=self.block_size,
-        )
         return Step(tensor(ids, torch.int64), tensor(positions, torch.int64), batch, rows)
 
     def allocate_caches(self, backend: AttentionBackend, specs: Sequence[AttentionSpec]) -> list[torch.Tensor]:

@@ -119,12 +119,10 @@ class DecodeBuffers:
 
     def batch(self, bucket: int, seq_lens_cpu: list[int], block_size: int) -> AttentionBatch:
         """The AttentionBatch of the first ``bucket`` rows, every tensor a view of the buffers."""
-        return AttentionBatch(
-            query_start_loc=self.query_start_loc[: bucket + 1], seq_lens=self.seq_lens[:bucket],
-            context_lens=self.context_lens[:bucket], block_tables=self.block_tables[:bucket],
-            slot_mapping=self.slot_mapping[:bucket], query_lens_cpu=[1] * bucket, seq_lens_cpu=seq_lens_cpu,
-            max_query_len=1, max_seq_len=max(seq_lens_cpu), num_tokens=bucket, block_size=block_size,
-        )
+        return AttentionBatch.build(
+            [1] * bucket, [n - 1 for n in seq_lens_cpu], self.block_tables[:bucket], block_size,
+            slot_mapping=self.slot_mapping[:bucket],
+            length_tensors=(self.query_start_loc[: bucket + 1], self.seq_lens[:bucket], self.context_lens[:bucket]))
 
 
 class BucketGraphRunner:

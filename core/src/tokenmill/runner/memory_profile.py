@@ -65,17 +65,8 @@ def profiling_batch(num_tokens: int, max_model_len: int, block_size: int, device
     """``num_tokens`` prompt tokens as fresh prefills of at most ``max_model_len`` each, every slot in
     block 0 (the profiling cache has that block only)."""
     lengths = [min(max_model_len, num_tokens - start) for start in range(0, num_tokens, max_model_len)]
-    starts = torch.tensor([0, *lengths]).cumsum(0)
     blocks = -(-max(lengths) // block_size)
-    return AttentionBatch(
-        query_start_loc=starts.to(device=device, dtype=torch.int32),
-        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
-        context_lens=torch.zeros(len(lengths), dtype=torch.int32, device=device),
-        block_tables=torch.zeros(len(lengths), blocks, dtype=torch.int32, device=device),
-        slot_mapping=(torch.arange(num_tokens, device=device) % block_size),
-        query_lens_cpu=lengths, seq_lens_cpu=lengths, max_query_len=max(lengths), max_seq_len=max(lengths),
-        num_tokens=num_tokens, block_size=block_size,
-    )
+    return AttentionBatch.build(lengths, [0] * len(lengths), [[0] * blocks] * len(lengths), block_size, device=device)
 
 
 @torch.inference_mode()

@@ -2,7 +2,8 @@
 
 Per step: flatten the scheduled requests (StepInputs), let the attention backend plan once, run
 the model, take the logits of the rows that sample, and sample (or, for greedy batches, ask the
-model for the argmax directly). Requests that fed draft tokens get the target's argmax at every
+model for the argmax directly); pooling requests' rows are pooled instead
+(``PooledStates``). Requests that fed draft tokens get the target's argmax at every
 draft and keep the tokens up to the first mismatch (``accept_greedy``); ``propose`` asks the
 speculative-decoding proposer, if any, for the next drafts. The runner knows the platform only
 through its device, the attention backend and the layer kernels it was given.
@@ -22,25 +23,28 @@ from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LayerKernels
 from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.kv_cache_pages import IDLE_CHUNK_BYTES, STARTUP_BYTES, KvCachePages
+from tokenmill.runner.pooled_states import PooledStates
 from tokenmill.runner.prefill_graphs import PrefillGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder, StepInputs
 from tokenmill.runner.zeroed_memory import zeroed_tensor
 from tokenmill.sampling.batch import SamplingBatch
+from tokenmill.sampling.greedy import GreedyArgmax
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
 from tokenmill.sampling.sampler import Sampler, SamplerOutput
 from tokenmill.scheduler.output import SchedulerOutput
 from tokenmill.spec_decode.proposer import DraftSlot, Proposer
-from tokenmill.spec_decode.verification import accept_greedy, greedy_token_ids
+from tokenmill.spec_decode.verification import accept_greedy
 
 logger = logging.getLogger(__name__)
-GREEDY_PREPARE_ROWS = 8  # past any platform's small-step path (the CPU's int8 estimates take 1-2 rows)
 
 
 @dataclass
 class RunnerOutput:
-    """Sampled tokens (and logprobs when asked) of one step, by request id."""
+    """Sampled tokens (and logprobs when asked) of one step, by request id, and the pooled float32
+    vectors of the pooling requests whose prompt the step finished."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)
     logprobs: dict[str, list[LogprobsEntry]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[LogprobsEntry | None]] = field(default_factory=dict)
 
@@ -78,7 +82,12 @@ class ModelRunner:
         self.kv_pages = KvCachePages(self.kv_caches, _block_dim(backend, block_size, self.specs), num_blocks)
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
-        self.sampler = Sampler(layer_kernels)
+        self.greedy = GreedyArgmax(layer_kernels)  # every greedy token id of the runner, sampler and drafter
+        self.sampler = Sampler(self.greedy)
+        self.pooled = PooledStates()
+        # an encoder attends bidirectionally over whole prompts, with no KV cache: its steps run
+        # ``embed_hidden`` on the flat batch (the scheduler never splits its prompts)
+        self.is_encoder = model.is_encoder
         self.decode_graphs: DecodeGraphRunner | None = None  # set (and captured) by the engine builder
         self.prefill_graphs: PrefillGraphRunner | None = None  # likewise
         self.proposer: Proposer | None = None  # speculative decoding's drafter, set by the engine builder
@@ -88,15 +97,16 @@ class ModelRunner:
         """Run the model on the step and sample for every request whose chunk ends its known tokens."""
         if scheduler_output.finished_request_ids:
             self.sampler.release(scheduler_output.finished_request_ids)
+            self.pooled.release(scheduler_output.finished_request_ids)
         result = RunnerOutput()
         if scheduler_output.is_empty:
             return result
         step = self.inputs.build(scheduler_output.scheduled)
-        hidden = self._replay(step)
-        if hidden is None:
-            metadata = self.backend.plan(step.attention)
-            ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
-            hidden = self.model(step.input_ids, step.positions, ctx)
+        hidden = self._hidden(step)
+        for scheduled, start, end in step.pooling_chunks:
+            vector = self.pooled.add(scheduled, hidden[start:end])
+            if vector is not None:
+                result.pooled[scheduled.request_id] = vector.cpu()
 
         for scheduled in scheduler_output.scheduled:
             span = step.prompt_logprob_spans.get(scheduled.request_id)
@@ -123,7 +133,7 @@ class ModelRunner:
     def _verify(self, hidden: torch.Tensor, step: StepInputs, result: RunnerOutput) -> None:
         """Replace each speculating request's single token (the target's choice after its last draft)
         by the tokens ``accept_greedy`` keeps from its drafts."""
-        targets = greedy_token_ids(self.model, hidden.index_select(0, step.verify_rows))
+        targets = self.greedy.token_ids(self.model, hidden.index_select(0, step.verify_rows)).tolist()
         start = 0
         for scheduled in step.verify_requests:
             count = scheduled.num_spec_tokens
@@ -141,23 +151,31 @@ class ModelRunner:
 
     def _greedy(self, rows: torch.Tensor, batch: SamplingBatch) -> SamplerOutput | None:
         """The tokens of a batch that only takes argmaxes (all greedy, no logprobs, no logits processors)
-        from the model's ``greedy_token_ids``, which may skip most logits; None when it does not answer."""
+        from the LM head's greedy shortcut (``GreedyArgmax.from_head``); None when it does not answer."""
         if not batch.all_greedy or batch.needs_processing or any(k is not None for k in batch.num_logprobs):
             return None
-        token_ids = self.model.greedy_token_ids(rows)
+        token_ids = self.greedy.from_head(self.model, rows)
         if token_ids is None:
             return None
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * batch.num_rows)
 
     @torch.inference_mode()
     def prepare_greedy_head(self, hidden_size: int, dtype: torch.dtype) -> None:
-        """Run the model's ``greedy_token_ids`` on zero rows of the model's hidden states, one row and
-        ``GREEDY_PREPARE_ROWS``, so that what a platform derives from the LM head at its first call of
-        either size (the CPU platform's int8 copy for one or two rows, bfloat16 copy and row norms for
-        more: 0.6 s on SmolLM2, paid by the first request's step until then) is made at build time."""
-        if hidden_size > 0:
-            for rows in (1, GREEDY_PREPARE_ROWS):
-                self.model.greedy_token_ids(torch.zeros(rows, hidden_size, dtype=dtype, device=self.device))
+        """Let the platform derive what it needs from the LM head before the first request
+        (``GreedyArgmax.prepare``)."""
+        self.greedy.prepare(self.model, hidden_size, dtype, self.device)
+
+    def _hidden(self, step: StepInputs) -> torch.Tensor:
+        """The step's hidden states [T, hidden]: an encoder's ``embed_hidden``, else a graph's replay, else
+        the model's forward with the attention backend's plan."""
+        if self.is_encoder:
+            return self.model.embed_hidden(step.input_ids, step.positions, step.attention.query_lens_cpu)
+        hidden = self._replay(step)
+        if hidden is None:
+            metadata = self.backend.plan(step.attention)
+            ctx = AttentionContext(backend=self.backend, metadata=metadata, kv_caches=self.kv_caches)
+            hidden = self.model(step.input_ids, step.positions, ctx)
+        return hidden
 
     def _replay(self, step: StepInputs) -> torch.Tensor | None:
         """The step's hidden states through a decode or prefill graph, or None to run it eagerly."""

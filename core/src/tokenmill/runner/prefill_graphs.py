@@ -101,12 +101,10 @@ class PrefillBuffers:
         """The AttentionBatch of the buffers as they hold a step now, every tensor a view of them."""
         starts, lens = self.query_start_loc.tolist(), self.seq_lens.tolist()
         query_lens = [starts[1] - starts[0], starts[2] - starts[1]]
-        return AttentionBatch(
-            query_start_loc=self.query_start_loc, seq_lens=self.seq_lens, context_lens=self.context_lens,
-            block_tables=self.block_tables, slot_mapping=self.slot_mapping[:bucket], query_lens_cpu=query_lens,
-            seq_lens_cpu=lens, max_query_len=max(query_lens), max_seq_len=max(lens), num_tokens=bucket,
-            block_size=block_size,
-        )
+        return AttentionBatch.build(
+            query_lens, [n - q for n, q in zip(lens, query_lens, strict=True)], self.block_tables, block_size,
+            slot_mapping=self.slot_mapping[:bucket],
+            length_tensors=(self.query_start_loc, self.seq_lens, self.context_lens))
 
 
 class PrefillGraphRunner(BucketGraphRunner):

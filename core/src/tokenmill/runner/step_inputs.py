@@ -20,6 +20,8 @@ class StepInputs:
     when it asked for prompt logprobs. ``verify_rows`` holds, request after request of
     ``verify_requests``, the rows whose argmax checks each draft token (the rows of the tokens fed
     before each draft; the row of the last draft is the request's ``sample_rows`` entry).
+    ``pooling_chunks`` lists each pooling request's chunk with its rows ``[start, end)``: such a
+    request never samples, its hidden states are pooled.
     """
 
     input_ids: torch.Tensor
@@ -30,6 +32,7 @@ class StepInputs:
     prompt_logprob_spans: dict[str, tuple[int, int]]
     verify_rows: torch.Tensor | None = None
     verify_requests: tuple[ScheduledRequest, ...] = ()
+    pooling_chunks: tuple[tuple[ScheduledRequest, int, int], ...] = ()
 
 
 class StepInputBuilder:
@@ -51,7 +54,6 @@ class StepInputBuilder:
         query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
-        seq_lens = starts + query_lens
 
         token_ids = self._token_ids[:num_tokens]
         token_ids[:] = np.fromiter((t for s in scheduled for t in s.token_ids), dtype=np.int64, count=num_tokens)
@@ -69,9 +71,11 @@ class StepInputBuilder:
         slot_mapping = block_tables[request_of_token, block_index].astype(np.int64) * self.block_size
         slot_mapping += positions % self.block_size
 
-        sample_requests = [s for s in scheduled if s.sample]
-        sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i, s in enumerate(scheduled) if s.sample),
-                                  dtype=np.int64, count=len(sample_requests))
+        sampling = [i for i, s in enumerate(scheduled) if s.sample and s.request.pooling is None]
+        sample_requests = [scheduled[i] for i in sampling]
+        sample_rows = np.fromiter((query_start_loc[i + 1] - 1 for i in sampling), dtype=np.int64, count=len(sampling))
+        pooling_chunks = tuple((s, int(query_start_loc[i]), int(query_start_loc[i + 1]))
+                               for i, s in enumerate(scheduled) if s.request.pooling is not None)
         verify_requests = tuple(s for s in scheduled if s.sample and s.num_spec_tokens)
         verify_rows = None
         if verify_requests:
@@ -88,19 +92,8 @@ class StepInputBuilder:
         def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device=self.device, dtype=dtype)
 
-        attention = AttentionBatch(
-            query_start_loc=to_device(query_start_loc, torch.int32),
-            seq_lens=to_device(seq_lens, torch.int32),
-            context_lens=to_device(starts, torch.int32),
-            block_tables=to_device(block_tables, torch.int32),
-            slot_mapping=to_device(slot_mapping, torch.int64),
-            query_lens_cpu=query_lens.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
-            max_query_len=int(query_lens.max(initial=0)),
-            max_seq_len=int(seq_lens.max(initial=0)),
-            num_tokens=num_tokens,
-            block_size=self.block_size,
-        )
+        attention = AttentionBatch.build(query_lens, starts, block_tables, self.block_size,
+                                         slot_mapping=slot_mapping, device=self.device)
         return StepInputs(
             input_ids=to_device(token_ids, torch.int64),
             positions=to_device(positions, torch.int64),
@@ -110,4 +103,5 @@ class StepInputBuilder:
             prompt_logprob_spans=prompt_logprob_spans,
             verify_rows=None if verify_rows is None else to_device(verify_rows, torch.int64),
             verify_requests=verify_requests,
+            pooling_chunks=pooling_chunks,
         )

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from tokenmill.engine.messages import LogprobsEntry
-from tokenmill.plugin_api import LayerKernels
 from tokenmill.sampling.batch import SamplingBatch
+from tokenmill.sampling.greedy import GreedyArgmax
 from tokenmill.sampling.logprobs import logprobs_entries
 from tokenmill.sampling.truncation import apply_min_p, apply_top_k_top_p
 
@@ -34,12 +34,12 @@ class Sampler:
     those of the raw model distribution, taken before any processing (vLLM's "raw_logprobs").
 
     The sampler keeps one generator per seeded request; call ``release`` with finished request ids.
-    ``kernels`` (a platform's LayerKernels) may take the greedy argmax (``argmax_rows``).
+    Greedy rows take their argmax from ``greedy`` (the runner's, which asks the platform's kernels).
     """
 
-    def __init__(self, kernels: LayerKernels | None = None) -> None:
+    def __init__(self, greedy: GreedyArgmax | None = None) -> None:
         self._generators: dict[str, torch.Generator] = {}
-        self._kernels = kernels
+        self._greedy = greedy if greedy is not None else GreedyArgmax()
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Sample one token per row of ``logits`` [N, V] (rows in ``batch`` order)."""
@@ -47,7 +47,7 @@ class Sampler:
         raw = logits.float()
         processed = self._process(raw.clone(), batch) if batch.needs_processing else raw
         if batch.all_greedy:
-            sampled = self._argmax(processed)
+            sampled = self._greedy.argmax(processed)
         else:
             sampled = self._sample(processed, batch)
         token_ids = sampled.tolist()
@@ -75,15 +75,8 @@ class Sampler:
             logits = _apply_grammar(logits, *batch.grammar)
         return logits
 
-    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        if self._kernels is not None:
-            sampled = self._kernels.argmax_rows(logits)
-            if sampled is not None:
-                return sampled
-        return logits.argmax(dim=-1)
-
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy_ids = self._argmax(logits) if batch.greedy is not None else None
+        greedy_ids = self._greedy.argmax(logits) if batch.greedy is not None else None
         if batch.temperature is not None:
             logits = logits / batch.temperature.unsqueeze(1)
         if batch.min_p is not None:

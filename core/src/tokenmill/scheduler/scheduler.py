@@ -139,7 +139,8 @@ class Scheduler:
         """Apply a finished step: advance computed tokens, cache full blocks, append sampled tokens,
         check stops and free finished requests. Returns one update per request that got tokens.
 
-        Requests that finished (aborted, stopped) after ``schedule()`` are skipped. A request that fed
+        A pooling request finishes (and frees its blocks) with the chunk that ends its prompt, gaining no
+        token. Requests that finished (aborted, stopped) after ``schedule()`` are skipped. A request that fed
         ``k`` draft tokens gets up to ``k + 1`` tokens; the K/V of the drafts after the first rejected one
         is forgotten (those slots are written again by the next step).
         """
@@ -154,6 +155,13 @@ class Scheduler:
             if not scheduled.sample:
                 request.num_computed_tokens += scheduled.num_tokens
                 self.kv_cache_manager.cache_blocks(request)
+                continue
+            if request.pooling is not None:  # its whole prompt has run and the runner pooled it: done
+                request.num_computed_tokens = request.num_tokens
+                request.finish(RequestStatus.FINISHED_STOPPED)
+                self._release(request)
+                any_finished = True
+                updates.append(RequestUpdate(request, [], True))
                 continue
             token_ids = sampled_token_ids.get(request.request_id)
             if not token_ids:

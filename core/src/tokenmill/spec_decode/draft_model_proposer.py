@@ -19,9 +19,9 @@ from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend
 from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder
+from tokenmill.sampling.greedy import GreedyArgmax
 from tokenmill.scheduler.output import ScheduledRequest
 from tokenmill.spec_decode.proposer import DraftSlot
-from tokenmill.spec_decode.verification import greedy_token_ids
 
 
 class DraftModelProposer:
@@ -29,8 +29,9 @@ class DraftModelProposer:
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, kv_caches: list[torch.Tensor], *,
                  num_speculative_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, greedy: GreedyArgmax | None = None) -> None:
         self.model = model
+        self.greedy = greedy if greedy is not None else GreedyArgmax()  # the target runner's, from the builder
         self.backend = backend
         self.kv_caches = kv_caches
         self.num_speculative_tokens = num_speculative_tokens
@@ -57,7 +58,7 @@ class DraftModelProposer:
                 ctx = AttentionContext(backend=self.backend, metadata=self.backend.plan(step.attention),
                                        kv_caches=self.kv_caches)
                 hidden = self.model(step.input_ids, step.positions, ctx)
-            for slot, token_id in zip(live, greedy_token_ids(self.model, hidden), strict=True):
+            for slot, token_id in zip(live, self.greedy.token_ids(self.model, hidden).tolist(), strict=True):
                 request_id = slot.request.request_id
                 drafts[request_id].append(token_id)
                 fed[request_id] = token_id

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from tokenmill.plugin_api import Model
 from tokenmill.request import Request
@@ -18,15 +17,6 @@ def can_speculate(request: Request) -> bool:
             and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0 and not params.logit_bias
             and params.allowed_token_ids is None and not params.bad_words_token_ids
             and request.num_output_tokens >= params.min_tokens)
-
-
-def greedy_token_ids(model: Model, hidden: Any) -> list[int]:
-    """The argmax token of each row of ``hidden`` (a tensor): through the model's ``greedy_token_ids``
-    when it answers, else from its logits (ties go to the lowest token id either way)."""
-    token_ids = model.greedy_token_ids(hidden)
-    if token_ids is None:
-        token_ids = model.compute_logits(hidden).argmax(dim=-1)
-    return token_ids.tolist()
 
 
 def accept_greedy(draft_token_ids: Sequence[int], target_token_ids: Sequence[int]) -> list[int]:

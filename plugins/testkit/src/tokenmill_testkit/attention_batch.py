@@ -28,13 +28,12 @@ class ScheduledRequest:
 
 
 def make_attention_batch(requests: Sequence[ScheduledRequest], block_size: int, device: Any = "cpu") -> AttentionBatch:
-    """The flattened step for ``requests`` in batch order, tensors on ``device``.
+    """The flattened step for ``requests`` in batch order, tensors on ``device``, from
+    ``AttentionBatch.build`` as the engine's runner makes it.
 
     Block tables hold each request's blocks up to its ``seq_len`` and are padded with 0 to the
     longest one, as the engine does; ``slot_mapping`` lists the slot of every new token in order.
     """
-    import torch
-
     if not requests:
         raise ValueError("a step schedules at least one request")
     for request in requests:
@@ -42,24 +41,6 @@ def make_attention_batch(requests: Sequence[ScheduledRequest], block_size: int, 
             raise ValueError(f"every scheduled request has at least one new token, got {request}")
         if len(request.block_table) * block_size < request.seq_len:
             raise ValueError(f"{len(request.block_table)} blocks of {block_size} cannot hold {request.seq_len} tokens")
-    query_lens = [r.query_len for r in requests]
-    seq_lens = [r.seq_len for r in requests]
     tables = [list(r.block_table[: -(-r.seq_len // block_size)]) for r in requests]
-    width = max(len(t) for t in tables)
-    starts = [0]
-    for length in query_lens:
-        starts.append(starts[-1] + length)
-    slots = [slot for r in requests for slot in r.slots(block_size)]
-    return AttentionBatch(
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        context_lens=torch.tensor([r.context_len for r in requests], dtype=torch.int32, device=device),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        query_lens_cpu=query_lens,
-        seq_lens_cpu=seq_lens,
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-        num_tokens=starts[-1],
-        block_size=block_size,
-    )
+    return AttentionBatch.build([r.query_len for r in requests], [r.context_len for r in requests], tables,
+                                block_size, device=device)
