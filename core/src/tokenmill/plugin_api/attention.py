@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tokenmill.plugin_api.attention_batch import AttentionBatch
-from tokenmill.plugin_api.version import PLUGIN_API_VERSION
 
 __all__ = ["AttentionBackend", "AttentionBatch", "AttentionCapabilities", "AttentionSpec"]
 

@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from tokenmill.plugin_api.model import Model
-
 from tokenmill.plugin_api import LayerKernels
+from tokenmill.plugin_api.model import Model
 
 PREPARE_ROWS = (1, 8)  # one row, and a batch past any platform's small-step path (the CPU's int8 one takes 1-2)
 

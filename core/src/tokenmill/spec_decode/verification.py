@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenmill.plugin_api import Model
 from tokenmill.request import Request
 
 
