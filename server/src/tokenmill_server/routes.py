@@ -20,6 +20,7 @@ from tokenmill_server.protocol.chat import ChatCompletionRequest
 from tokenmill_server.protocol.completion import CompletionRequest
 from tokenmill_server.protocol.embedding import EmbeddingRequest
 from tokenmill_server.protocol.tokenize import DetokenizeRequest, TokenizeRequest
+from tokenmill_server.request_body import ApiRoute
 from tokenmill_server.sampling import check_model
 from tokenmill_server.serving_chat import create_chat_completion
 from tokenmill_server.serving_completions import create_completion
@@ -27,7 +28,7 @@ from tokenmill_server.serving_embeddings import create_embedding
 from tokenmill_server.serving_messages import count_tokens, create_message
 from tokenmill_server.state import server_state
 
-router = APIRouter()
+router = APIRouter(route_class=ApiRoute)
 _STREAMING = {200: {"description": "A JSON body, or an event stream when stream is true.",
                     "content": {"application/json": {}, "text/event-stream": {}}}}
 _ERRORS = {code: {"description": text} for code, text in
