@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import tokenmill
+from tokenmill_server.api_route import ApiRoute
 from tokenmill_server.conversation import openai_conversation, template_options
 from tokenmill_server.errors import bad_request, model_not_found
 from tokenmill_server.generation import check_text, engine_errors
@@ -20,7 +21,6 @@ from tokenmill_server.protocol.chat import ChatCompletionRequest
 from tokenmill_server.protocol.completion import CompletionRequest
 from tokenmill_server.protocol.embedding import EmbeddingRequest
 from tokenmill_server.protocol.tokenize import DetokenizeRequest, TokenizeRequest
-from tokenmill_server.request_body import ApiRoute
 from tokenmill_server.sampling import check_model
 from tokenmill_server.serving_chat import create_chat_completion
 from tokenmill_server.serving_completions import create_completion

@@ -45,7 +45,7 @@ class ServerState:
         """503 if ``num_sequences`` more would overfill the engine's queue, counting requests still
         being tokenized (a burst is refused before it tokenizes); the block keeps their place."""
         with engine_errors(self.metrics):
-            self.engine.check_admission(self.tokenizing + num_sequences)
+            self.engine.check_admission(num_sequences, pending=self.tokenizing)
         self.tokenizing += num_sequences
         try:
             yield

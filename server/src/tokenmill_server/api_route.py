@@ -1,6 +1,7 @@
-"""JSON request bodies that hold only valid Unicode: ``ApiRoute`` (the routes' class) parses a body
-with ``UnicodeCheckedRequest``, which refuses a lone surrogate escape (``"\\ud800"``) anywhere in it,
-in a key or a value, as invalid JSON (a 400) before any handler or model sees the text.
+"""ApiRoute, the class of the API's routes: JSON request bodies that hold only valid Unicode, and HEAD
+wherever GET is. A body is parsed by ``UnicodeCheckedRequest``, which refuses a lone surrogate escape
+(``"\\ud800"``) anywhere in it, in a key or a value, as invalid JSON (a 400) before any handler or
+model sees the text.
 
 Python's JSON parser accepts lone surrogates, but they cannot be encoded as UTF-8: left in, they
 fail later, where they are tokenized, matched, or echoed into an error message."""
@@ -61,7 +62,13 @@ class UnicodeCheckedRequest(Request):
 
 
 class ApiRoute(APIRoute):
-    """The API's route class: bodies are parsed by ``UnicodeCheckedRequest``."""
+    """The API's route class: bodies are parsed by ``UnicodeCheckedRequest``, and a GET route answers
+    HEAD as well (as GET, the server sending no body), as load balancers' health checks expect."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        if "GET" in self.methods:
+            self.methods.add("HEAD")
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
