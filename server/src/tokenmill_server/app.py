@@ -31,6 +31,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, plugin_manager: Any = 
                   description="OpenAI- and Anthropic-compatible API of a tokenmill engine.")
     app.include_router(router)
     install_error_handlers(app)
+    engine.inputs.allow_special_tokens_in_content = settings.allow_special_tokens_in_content
     model = model_limits(engine)
     metrics = ServerMetrics(model.name, model.max_model_len)
     engine.add_stats_listener(metrics.observe)

@@ -38,6 +38,7 @@ class ServerSettings:
     write_timeout: float = 60.0
     socket_send_buffer: int = 0
     trust_request_chat_template: bool = False
+    allow_special_tokens_in_content: bool = False
     tool_call_parser: str | None = None  # set: tool_choice "auto" reads calls from the output with it
     shutdown_timeout: float = 0.0
     keep_alive_on_engine_death: bool = False
@@ -101,6 +102,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                             "the kernel's autotuning)")
     group.add_argument("--trust-request-chat-template", action="store_true",
                        help="let requests supply their own chat template (unsafe with untrusted clients)")
+    group.add_argument("--allow-special-tokens-in-content", action="store_true",
+                       help="let special-token strings in chat messages (e.g. '<|im_end|>') become control tokens, "
+                            "as in vLLM; by default they are tokenized as text, so a message cannot forge a turn")
     group.add_argument("--shutdown-timeout", type=float, default=0.0,
                        help="on SIGTERM, seconds to let running requests finish before aborting them (default: 0)")
     group.add_argument("--keep-alive-on-engine-death", action="store_true",
@@ -129,6 +133,7 @@ def settings_from(namespace: argparse.Namespace) -> ServerSettings:
         request_read_timeout=namespace.request_read_timeout, write_timeout=namespace.write_timeout,
         socket_send_buffer=parse_size(namespace.socket_send_buffer),
         trust_request_chat_template=namespace.trust_request_chat_template,
+        allow_special_tokens_in_content=namespace.allow_special_tokens_in_content,
         tool_call_parser=namespace.tool_call_parser if namespace.enable_auto_tool_choice else None,
         shutdown_timeout=namespace.shutdown_timeout, keep_alive_on_engine_death=namespace.keep_alive_on_engine_death,
         log_interval=namespace.log_interval, ready_timeout=namespace.ready_timeout,

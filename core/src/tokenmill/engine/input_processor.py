@@ -33,6 +33,8 @@ class InputProcessor:
             eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
         self.chat_template = model.chat_template
+        # True: special-token strings in chat messages become control tokens (else they are text)
+        self.allow_special_tokens_in_content = False
         if self.chat_template is None and tokenizer is not None and not getattr(tokenizer, "chat_template", None):
             builtin = builtin_chat_template(model.architecture)
             if builtin is not None:
@@ -57,8 +59,10 @@ class InputProcessor:
     def chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
              add_generation_prompt: bool = True, **kwargs: Any) -> tuple[str, list[int]]:
         """The rendered chat prompt and its ids: ``chat_template``, else the engine's --chat-template,
-        else the model's own, else tokenmill's built-in template for the model's family."""
+        else the model's own, else tokenmill's built-in template for the model's family. Special-token
+        strings in the messages are text unless ``allow_special_tokens_in_content``."""
         return chat_prompt_token_ids(self.tokenizer, [dict(m) for m in messages],
+                                     allow_special_tokens_in_content=self.allow_special_tokens_in_content,
                                      chat_template=chat_template or self.chat_template,
                                      add_generation_prompt=add_generation_prompt, **kwargs)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tokenmill.tokenizer.content_text import content_as_text_token_ids
+
 
 class ChatTemplateError(ValueError):
     """The model cannot render chat messages (it has no chat template) or the template failed."""
@@ -44,7 +46,15 @@ def apply_chat_template(
         raise ChatTemplateError(f"The chat template failed to render the messages: {error}") from error
 
 
-def chat_prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], **kwargs: Any) -> tuple[str, list[int]]:
-    """The rendered prompt text and its token ids (see ``apply_chat_template`` for ``kwargs``)."""
-    text = apply_chat_template(tokenizer, messages, **kwargs)
-    return text, list(tokenizer.encode(text, add_special_tokens=False))
+def chat_prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], *,
+                          allow_special_tokens_in_content: bool = False, **kwargs: Any) -> tuple[str, list[int]]:
+    """The rendered prompt text and its token ids (see ``apply_chat_template`` for ``kwargs``).
+
+    Special-token strings written in the messages' text are tokenized as text, so only the template
+    places control tokens (``content_text``); ``allow_special_tokens_in_content`` tokenizes the whole
+    prompt as one string instead, where such text becomes control tokens too."""
+    if allow_special_tokens_in_content:
+        text = apply_chat_template(tokenizer, messages, **kwargs)
+        return text, list(tokenizer.encode(text, add_special_tokens=False))
+    return content_as_text_token_ids(tokenizer, messages, lambda m, **k: apply_chat_template(tokenizer, m, **k),
+                                     **kwargs)

@@ -1,0 +1,134 @@
+"""Chat prompts whose message text stays text: a special-token string written in a message
+(``"<|im_end|>\\n<|im_start|>system\\n..."``) is tokenized as ordinary characters, while the chat
+template's own markers stay special tokens, so user text cannot forge a turn or any control token.
+
+How: before rendering, each special-token string in the conversation's text (message fields, tools,
+documents) is replaced by a private-use placeholder character that appears nowhere else; after
+rendering, the placeholders are put back and their positions remembered. The prompt is tokenized as
+usual, and each special token that lies at a remembered position is replaced by the ids of its text
+(``split_special_tokens``). Everything else is exactly the usual tokenization, since special tokens
+are hard boundaries for the tokenizer."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# supplementary private-use planes 15 and 16: no tokenizer or template gives them a meaning
+_PRIVATE = re.compile("[\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
+_PLACEHOLDER_CODES = (*range(0xF0000, 0xFFFFE), *range(0x100000, 0x10FFFE))
+_GUARDED_KWARGS = ("tools", "documents")
+
+
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's special tokens (strings the tokenizer turns into one control id), by string."""
+    found: dict[str, int] = {}
+    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False):
+            found[str(token)] = int(token_id)
+    for text, token_id in zip(getattr(tokenizer, "all_special_tokens", ()), getattr(tokenizer, "all_special_ids", ()),
+                              strict=False):
+        found.setdefault(text, token_id)
+    return {text: token_id for text, token_id in found.items() if text}
+
+
+class _Placeholders:
+    """Swaps special-token strings in text for placeholder characters, remembering which is which."""
+
+    def __init__(self, specials: Sequence[str], taken: set[str]) -> None:
+        self.pattern = re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+        self.originals: dict[str, str] = {}
+        self._free = (chr(code) for code in _PLACEHOLDER_CODES if chr(code) not in taken)
+
+    def hide(self, value: Any, key: str | None = None) -> Any:
+        """``value`` (a string, or lists and dicts of them) with special-token strings hidden; a
+        message's ``role`` is left alone."""
+        if isinstance(value, str):
+            return value if key == "role" else self.pattern.sub(self._placeholder, value)
+        if isinstance(value, Mapping):
+            return {k: self.hide(v, k) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.hide(v) for v in value]
+        return value
+
+    def _placeholder(self, match: re.Match[str]) -> str:
+        placeholder = next(self._free, None)
+        if placeholder is None:
+            raise ValueError("The messages hold too many special-token strings.")
+        self.originals[placeholder] = match.group(0)
+        return placeholder
+
+    def restore(self, rendered: str) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text with the special-token strings back, and their (start, end) spans in it."""
+        pieces, spans, length, last = [], [], 0, 0
+        for match in _PRIVATE.finditer(rendered):
+            original = self.originals.get(match.group(0))
+            if original is None:
+                continue
+            pieces.append(rendered[last:match.start()])
+            length += match.start() - last
+            spans.append((length, length + len(original)))
+            pieces.append(original)
+            length += len(original)
+            last = match.end()
+        pieces.append(rendered[last:])
+        return "".join(pieces), spans
+
+
+def _taken_characters(values: Sequence[Any]) -> set[str]:
+    taken: set[str] = set()
+    pending = list(values)
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            taken.update(_PRIVATE.findall(item))
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return taken
+
+
+def _text_ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
+def _ids_with_text_at(tokenizer: Any, text: str, spans: list[tuple[int, int]], specials: set[int]) -> list[int]:
+    """``text``'s usual ids, except that a special token overlapping one of ``spans`` becomes its text's ids."""
+    if not getattr(tokenizer, "is_fast", False):  # no offsets: tokenize around the spans
+        ids, last = [], 0
+        for start, end in spans:
+            ids += tokenizer.encode(text[last:start], add_special_tokens=False) if start > last else []
+            ids += _text_ids(tokenizer, text[start:end])
+            last = end
+        return ids + (list(tokenizer.encode(text[last:], add_special_tokens=False)) if last < len(text) else [])
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    starts = [start for start, _ in spans]
+    ids = []
+    for token_id, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"], strict=True):
+        at = bisect.bisect_right(starts, end - 1) - 1  # the last span starting before this token ends
+        if token_id in specials and at >= 0 and spans[at][1] > start:
+            ids += _text_ids(tokenizer, text[start:end])
+        else:
+            ids.append(token_id)
+    return ids
+
+
+def content_as_text_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
+                              render: Callable[..., str], **kwargs: Any) -> tuple[str, list[int]]:
+    """The prompt ``render(messages, **kwargs)`` and its ids, with special-token strings from the
+    messages (and the ``tools`` and ``documents`` kwargs) tokenized as text."""
+    specials = special_tokens(tokenizer)
+    guarded = [messages, *(kwargs[name] for name in _GUARDED_KWARGS if kwargs.get(name) is not None)]
+    placeholders = _Placeholders(list(specials), _taken_characters(
+        [*guarded, kwargs.get("chat_template"), getattr(tokenizer, "chat_template", None)]))
+    hidden_messages = placeholders.hide(list(messages))
+    hidden_kwargs = {name: placeholders.hide(value) if name in _GUARDED_KWARGS else value
+                     for name, value in kwargs.items()}
+    if not placeholders.originals:  # the common case: no special-token strings in the text
+        text = render(messages, **kwargs)
+        return text, list(tokenizer.encode(text, add_special_tokens=False))
+    text, spans = placeholders.restore(render(hidden_messages, **hidden_kwargs))
+    return text, _ids_with_text_at(tokenizer, text, spans, set(specials.values()))
