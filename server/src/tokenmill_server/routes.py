@@ -118,7 +118,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         else:
             options = template_options(body.chat_template, body.chat_template_kwargs, body.add_generation_prompt,
                                        body.continue_final_message, state.limits)
-            text, ids = await engine.render_chat(openai_conversation(body.messages), **options)
+            text, ids = await state.render_chat(openai_conversation(body.messages), options)
             if body.add_special_tokens:
                 ids = await engine.encode(text, add_special_tokens=True)
     result: dict[str, Any] = {"count": len(ids), "max_model_len": state.model.max_model_len, "tokens": ids}

@@ -77,8 +77,7 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
     engine = state.engine
     conversation = openai_conversation(body.messages)
     with state.admission(body.n):
-        with engine_errors():
-            text, ids = await engine.render_chat(conversation, **options)
+        text, ids = await state.render_chat(conversation, options)
         if body.add_special_tokens:
             ids = await engine.encode(text, add_special_tokens=True)
     max_tokens = body.output_limit()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # supplementary private-use planes 15 and 16: no tokenizer or template gives them a meaning
@@ -116,10 +117,19 @@ def _ids_with_text_at(tokenizer: Any, text: str, spans: list[tuple[int, int]], s
     return ids
 
 
-def content_as_text_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
-                              render: Callable[..., str], **kwargs: Any) -> tuple[str, list[int]]:
-    """The prompt ``render(messages, **kwargs)`` and its ids, with special-token strings from the
-    messages (and the ``tools`` and ``documents`` kwargs) tokenized as text."""
+@dataclass(frozen=True)
+class RenderedChat:
+    """A rendered chat prompt, and the (start, end) spans of special-token strings in it that came from
+    the messages and are to be tokenized as text (none: the text is tokenized as one string)."""
+
+    text: str
+    text_spans: tuple[tuple[int, int], ...] = ()
+
+
+def render_content_as_text(tokenizer: Any, messages: Sequence[dict[str, Any]], render: Callable[..., str],
+                           **kwargs: Any) -> RenderedChat:
+    """The prompt ``render(messages, **kwargs)``, noting where special-token strings from the messages
+    (and the ``tools`` and ``documents`` kwargs) ended up."""
     specials = special_tokens(tokenizer)
     guarded = [messages, *(kwargs[name] for name in _GUARDED_KWARGS if kwargs.get(name) is not None)]
     placeholders = _Placeholders(list(specials), _taken_characters(
@@ -128,7 +138,13 @@ def content_as_text_token_ids(tokenizer: Any, messages: Sequence[dict[str, Any]]
     hidden_kwargs = {name: placeholders.hide(value) if name in _GUARDED_KWARGS else value
                      for name, value in kwargs.items()}
     if not placeholders.originals:  # the common case: no special-token strings in the text
-        text = render(messages, **kwargs)
-        return text, list(tokenizer.encode(text, add_special_tokens=False))
+        return RenderedChat(render(messages, **kwargs))
     text, spans = placeholders.restore(render(hidden_messages, **hidden_kwargs))
-    return text, _ids_with_text_at(tokenizer, text, spans, set(specials.values()))
+    return RenderedChat(text, tuple(spans))
+
+
+def rendered_token_ids(tokenizer: Any, rendered: RenderedChat) -> list[int]:
+    """The ids of a rendered prompt: its template's special tokens as control tokens, its text spans as text."""
+    if not rendered.text_spans:
+        return list(tokenizer.encode(rendered.text, add_special_tokens=False))
+    return _ids_with_text_at(tokenizer, rendered.text, list(rendered.text_spans), set(special_tokens(tokenizer).values()))
