@@ -1,5 +1,6 @@
-"""ApiRoute, the class of the API's routes: JSON request bodies that hold only valid Unicode, and HEAD
-wherever GET is. A body is parsed by ``UnicodeCheckedRequest``, which refuses a lone surrogate escape
+"""ApiRoute: the API's routes, with valid-Unicode JSON bodies and HEAD wherever GET is.
+
+A body is parsed by ``UnicodeCheckedRequest``, which refuses a lone surrogate escape
 (``"\\ud800"``) anywhere in it, in a key or a value, as invalid JSON (a 400) before any handler or
 model sees the text.
 

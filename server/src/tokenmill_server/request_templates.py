@@ -1,5 +1,7 @@
-"""RequestTemplates: chat templates that come with requests (``--trust-request-chat-template``),
-rendered within an output-size and a time bound on threads of their own.
+"""RequestTemplates: request chat templates rendered within bounds on threads of their own.
+
+With ``--trust-request-chat-template``, a template that comes with a request renders within an
+output-size and a time bound.
 
 A template from a request is code from the client: it renders in a ``BoundedSandbox``
 (``tokenmill.tokenizer.template_sandbox``), on one of ``workers`` threads apart from the tokenizer's

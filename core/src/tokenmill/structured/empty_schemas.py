@@ -1,7 +1,8 @@
-"""JSON schemas that no value can satisfy, found before compiling: xgrammar refuses ``false`` and some
-contradictions (minimum above maximum), but compiles others (``{"not": {}}``, an empty ``anyOf``, an
-empty ``type`` list, ``allOf`` branches of disjoint types) into a grammar that accepts *anything*,
-which would silently drop the request's constraint."""
+"""JSON schemas that no value can satisfy, found before compiling.
+
+xgrammar refuses ``false`` and some contradictions (minimum above maximum), but compiles others
+(``{"not": {}}``, an empty ``anyOf``, an empty ``type`` list, ``allOf`` branches of disjoint types)
+into a grammar that accepts *anything*, which would silently drop the request's constraint."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""render_bounded: a chat template from a request, rendered in a ``BoundedSandbox`` with the globals
-and filters Hugging Face's ``apply_chat_template`` gives templates (``raise_exception``,
-``strftime_now``, ``tojson`` with its options, ``namespace``, ``dict``, loop controls and the
-``generation`` tag), so templates written for it render the same, within bounds."""
+"""render_bounded: a chat template from a request, rendered within bounds.
+
+It renders in a ``BoundedSandbox`` with the globals and filters Hugging Face's
+``apply_chat_template`` gives templates (``raise_exception``, ``strftime_now``, ``tojson`` with its
+options, ``namespace``, ``dict``, loop controls and the ``generation`` tag), so templates written
+for it render the same, within bounds."""
 
 from __future__ import annotations
 

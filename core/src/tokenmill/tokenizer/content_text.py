@@ -1,4 +1,6 @@
-"""Chat prompts whose message text stays text: a special-token string written in a message
+"""Chat prompts whose message text stays text, special-token strings included.
+
+A special-token string written in a message
 (``"<|im_end|>\\n<|im_start|>system\\n..."``) is tokenized as ordinary characters, while the chat
 template's own markers stay special tokens, so user text cannot forge a turn or any control token.
 
@@ -147,4 +149,5 @@ def rendered_token_ids(tokenizer: Any, rendered: RenderedChat) -> list[int]:
     """The ids of a rendered prompt: its template's special tokens as control tokens, its text spans as text."""
     if not rendered.text_spans:
         return list(tokenizer.encode(rendered.text, add_special_tokens=False))
-    return _ids_with_text_at(tokenizer, rendered.text, list(rendered.text_spans), set(special_tokens(tokenizer).values()))
+    specials = set(special_tokens(tokenizer).values())
+    return _ids_with_text_at(tokenizer, rendered.text, list(rendered.text_spans), specials)

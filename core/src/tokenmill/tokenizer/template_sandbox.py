@@ -1,5 +1,7 @@
-"""BoundedSandbox: a Jinja sandbox for chat templates that come with requests, whose output size and
-running time are bounded (``TemplateBounds``), so a template cannot exhaust memory or hold a thread.
+"""BoundedSandbox: a Jinja sandbox that bounds a request template's output size and running time.
+
+For chat templates that come with requests: with their bounds (``TemplateBounds``) a template
+cannot exhaust memory or hold a thread.
 
 Jinja's immutable sandbox already keeps templates from Python internals and from mutating lists and
 dicts; this one also:
