@@ -14,14 +14,16 @@ are hard boundaries for the tokenizer."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 # supplementary private-use planes 15 and 16: no tokenizer or template gives them a meaning
 _PRIVATE = re.compile("[\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
-_PLACEHOLDER_CODES = (*range(0xF0000, 0xFFFFE), *range(0x100000, 0x10FFFE))
+_PLACEHOLDER_CODES = (range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
 _GUARDED_KWARGS = ("tools", "documents")
 
 
@@ -37,13 +39,45 @@ def special_tokens(tokenizer: Any) -> dict[str, int]:
     return {text: token_id for text, token_id in found.items() if text}
 
 
+def trie_pattern(words: Sequence[str]) -> str:
+    """A regex for any of ``words``, the longest where several match, built as a trie: at each position
+    the regex follows one branch per character, so its cost does not grow with the number of words."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def pattern(node: dict[str, Any]) -> str:
+        branches = [re.escape(char) + pattern(child) for char, child in sorted(node.items()) if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return pattern(trie) if words else "(?!)"
+
+
+_SPECIALS: weakref.WeakKeyDictionary[Any, tuple[dict[str, int], re.Pattern[str]]] = weakref.WeakKeyDictionary()
+
+
+def _specials_and_pattern(tokenizer: Any) -> tuple[dict[str, int], re.Pattern[str]]:
+    """``special_tokens`` and their trie pattern, computed once per tokenizer."""
+    cached = _SPECIALS.get(tokenizer)
+    if cached is None:
+        specials = special_tokens(tokenizer)
+        cached = _SPECIALS[tokenizer] = (specials, re.compile(trie_pattern(list(specials))))
+    return cached
+
+
 class _Placeholders:
     """Swaps special-token strings in text for placeholder characters, remembering which is which."""
 
-    def __init__(self, specials: Sequence[str], taken: set[str]) -> None:
-        self.pattern = re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+    def __init__(self, pattern: re.Pattern[str], taken: set[str]) -> None:
+        self.pattern = pattern
         self.originals: dict[str, str] = {}
-        self._free = (chr(code) for code in _PLACEHOLDER_CODES if chr(code) not in taken)
+        self._free = (chr(code) for code in itertools.chain(*_PLACEHOLDER_CODES) if chr(code) not in taken)
 
     def hide(self, value: Any, key: str | None = None) -> Any:
         """``value`` (a string, or lists and dicts of them) with special-token strings hidden; a
@@ -132,9 +166,11 @@ def render_content_as_text(tokenizer: Any, messages: Sequence[dict[str, Any]], r
                            **kwargs: Any) -> RenderedChat:
     """The prompt ``render(messages, **kwargs)``, noting where special-token strings from the messages
     (and the ``tools`` and ``documents`` kwargs) ended up."""
-    specials = special_tokens(tokenizer)
+    specials, pattern = _specials_and_pattern(tokenizer)
+    if not specials:
+        return RenderedChat(render(messages, **kwargs))
     guarded = [messages, *(kwargs[name] for name in _GUARDED_KWARGS if kwargs.get(name) is not None)]
-    placeholders = _Placeholders(list(specials), _taken_characters(
+    placeholders = _Placeholders(pattern, _taken_characters(
         [*guarded, kwargs.get("chat_template"), getattr(tokenizer, "chat_template", None)]))
     hidden_messages = placeholders.hide(list(messages))
     hidden_kwargs = {name: placeholders.hide(value) if name in _GUARDED_KWARGS else value
@@ -149,5 +185,5 @@ def rendered_token_ids(tokenizer: Any, rendered: RenderedChat) -> list[int]:
     """The ids of a rendered prompt: its template's special tokens as control tokens, its text spans as text."""
     if not rendered.text_spans:
         return list(tokenizer.encode(rendered.text, add_special_tokens=False))
-    specials = set(special_tokens(tokenizer).values())
+    specials = set(_specials_and_pattern(tokenizer)[0].values())
     return _ids_with_text_at(tokenizer, rendered.text, list(rendered.text_spans), specials)

@@ -47,8 +47,8 @@ class ApiModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        if _holds_a_boolean(value) and info.field_name is not None and \
-                _names_a_number(cls.model_fields[info.field_name].annotation):
+        if info.field_name is not None and _names_a_number(cls.model_fields[info.field_name].annotation) and \
+                _holds_a_boolean(value):
             raise PydanticCustomError("bool_is_not_a_number", "Input should be a number, not a boolean")
         return value
 
