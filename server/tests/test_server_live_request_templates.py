@@ -17,7 +17,7 @@ NESTED = "{% for i in range(600) %}{% for j in range(600) %}{% for k in range(60
 def trusting_server(tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("template-server") / "server.log"
     server = LiveServer(str(tiny_model), "--kv-cache-memory", "32MiB", "--max-num-seqs", "4",
-                        "--trust-request-chat-template", "--request-chat-template-timeout", "2", log=log)
+                        "--trust-request-chat-template", "--request-chat-template-timeout", "3", log=log)
     try:
         yield server.wait_ready()
         assert_still_serving(server.url)
@@ -66,6 +66,7 @@ def test_a_slow_template_blocks_nobody_and_ends_at_the_time_bound(trusting_serve
             return await slow, time.monotonic() - started, answered
 
     response, took, answered = asyncio.run(run())
-    assert response.status_code == 400 and "within 2 s" in response.json()["error"]["message"], response.text
-    assert 1.5 < took < 4
-    assert len(answered) >= 3 and max(answered) < 1.0, answered
+    assert response.status_code == 400 and "within 3 s" in response.json()["error"]["message"], response.text
+    assert 2.5 < took < 5
+    # a blocked tokenizer thread or event loop would hold these for the whole 3 s
+    assert len(answered) >= 2 and max(answered) < 1.5, answered
