@@ -48,6 +48,12 @@ def test_auto_tool_choice_flags(parser):
         parser.parse_args(["serve", "--tool-call-parser", "nope"])
 
 
+def test_special_tokens_in_content_are_text_unless_allowed(parser):
+    assert settings_from(parser.parse_args(["serve"])).allow_special_tokens_in_content is False
+    allowed = settings_from(parser.parse_args(["serve", "--allow-special-tokens-in-content"]))
+    assert allowed.allow_special_tokens_in_content is True
+
+
 def test_api_keys_merge_flags_and_environment():
     assert api_keys(["x, y", "x"], {"TOKENMILL_API_KEY": "z,,y"}) == ("x", "y", "z")
     assert api_keys(None, {}) == ()

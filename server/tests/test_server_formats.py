@@ -112,3 +112,10 @@ def test_template_options_gate_request_templates():
                        "continue_final_message": True}
     trusted = template_options("{{ x }}", None, True, False, RequestLimits(trust_request_chat_template=True))
     assert trusted["chat_template"] == "{{ x }}"
+
+
+def test_error_messages_and_params_always_encode():
+    error = ApiError(404, "The model `\ud800` does not exist.", param="logit_bias.\udfff")
+    body = error_body(error, "/v1/completions")["error"]
+    assert body["message"] == "The model `\\ud800` does not exist." and body["param"] == "logit_bias.\\udfff"
+    assert error_body(error, "/v1/messages")["error"]["message"].encode("utf-8")

@@ -112,3 +112,13 @@ def test_deadline_exceeded_frees_the_request(stub, tiny_server):
     while time.monotonic() < deadline and metric_value(tiny_server.url, "tokenmill:num_requests_running{") != 0:
         time.sleep(0.05)
     assert metric_value(tiny_server.url, "tokenmill:num_requests_running{") == 0
+
+
+@pytest.mark.parametrize("bad", [request(temperature=float("inf")), request(temperature=float("nan")),
+                                 request(top_p=float("nan")), request(logit_bias={5: float("nan")}),
+                                 request(logit_bias={5: float("inf")}), request(presence_penalty=float("-inf"))])
+def test_non_finite_numbers_are_refused_as_over_http(stub, bad):
+    client, _ = stub
+    with pytest.raises(grpc.RpcError) as caught:
+        list(client.Generate(bad, timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "finite" in caught.value.details()

@@ -141,3 +141,12 @@ def test_body_limit_by_content_length_and_by_stream():
     assert streamed.status_code == 413
     assert anthropic.status_code == 413 and anthropic.json()["error"]["type"] == "request_too_large"
     assert headers.status_code == 431
+
+
+def test_a_non_ascii_key_matches_its_utf8_header():
+    app = ApiKeyMiddleware(Starlette(routes=ROUTES), api_keys=["clé-secrète-🔑"])
+    utf8 = "Bearer clé-secrète-🔑".encode()
+    assert statuses(app, [("GET", "/v1/models", {"authorization": utf8}),
+                          ("GET", "/v1/messages", {"x-api-key": "clé-secrète-🔑".encode()}),
+                          ("GET", "/v1/models", {"authorization": "Bearer clé-secrète-🔑".encode("latin-1", "replace")}),
+                          ("GET", "/v1/models", {"authorization": b"Bearer cl\xe9-secr\xe8te-\xff"})]) == [200, 200, 401, 401]

@@ -18,6 +18,7 @@ from tokenmill_server.auth import ApiKeyMiddleware
 from tokenmill_server.body_limit import BodyLimitMiddleware
 from tokenmill_server.error_handlers import install_error_handlers
 from tokenmill_server.metrics import ServerMetrics
+from tokenmill_server.request_templates import RequestTemplates
 from tokenmill_server.routes import router
 from tokenmill_server.server_args import ServerSettings
 from tokenmill_server.state import ServerState, model_limits
@@ -31,11 +32,15 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, plugin_manager: Any = 
                   description="OpenAI- and Anthropic-compatible API of a tokenmill engine.")
     app.include_router(router)
     install_error_handlers(app)
+    engine.inputs.allow_special_tokens_in_content = settings.allow_special_tokens_in_content
     model = model_limits(engine)
     metrics = ServerMetrics(model.name, model.max_model_len)
     engine.add_stats_listener(metrics.observe)
+    templates = RequestTemplates(settings.request_chat_template_max_chars, settings.request_chat_template_timeout) \
+        if settings.trust_request_chat_template else None
     app.state.server = ServerState(engine=engine, limits=settings.request_limits(), metrics=metrics, model=model,
-                                   max_stream_buffer_bytes=settings.max_stream_buffer_bytes)
+                                   max_stream_buffer_bytes=settings.max_stream_buffer_bytes,
+                                   request_templates=templates)
     if plugin_manager is not None:
         plugin_manager.hook.register_routes(app=app, engine=engine)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

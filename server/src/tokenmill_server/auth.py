@@ -4,7 +4,7 @@ Default deny: every path needs a key except ``/health`` (and ``/metrics`` unless
 exempt path must equal the routed path exactly, so ``//health``-style or percent-encoded tricks can
 only turn an exempt path into a guarded one, never the reverse. Keys are compared in constant time
 against every configured key. ``Authorization: Bearer`` works everywhere; ``x-api-key`` on the
-Anthropic routes, whose SDK sends it.
+Anthropic routes, whose SDK sends it. Keys may be any UTF-8 text: header bytes are read as UTF-8.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenmill_server.errors import ApiError, error_bytes, error_status, is_anthropic_path
+
+
+def _text(header: bytes) -> str:
+    """A header value as the client's UTF-8 text; bytes that are not UTF-8 survive as surrogate escapes,
+    so they digest to themselves and match no configured (UTF-8) key."""
+    return header.decode("utf-8", "surrogateescape")
 
 
 def _digest(key: str) -> bytes:
@@ -54,11 +60,11 @@ class ApiKeyMiddleware:
         candidates = []
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
-                parts = value.decode("latin-1").split()
+                parts = _text(value).split()
                 if len(parts) == 2 and parts[0].lower() == "bearer":
                     candidates.append(parts[1])
             elif name == b"x-api-key" and is_anthropic_path(path):
-                candidates.append(value.decode("latin-1"))
+                candidates.append(_text(value))
         return any(self._matches(candidate) for candidate in candidates)
 
     def _matches(self, candidate: str) -> bool:

@@ -21,8 +21,9 @@ _PATH = re.compile(r"(?:[A-Za-z]:\\|/)(?:home|root|tmp|usr|opt|var|work|etc|mnt|
 
 
 def sanitize(message: str, limit: int = 2000) -> str:
-    """``message`` without filesystem paths, cut to ``limit`` characters."""
-    message = _PATH.sub("<path>", message)
+    """``message`` without filesystem paths, cut to ``limit`` characters, and always encodable as UTF-8
+    (a lone surrogate echoed from a request becomes its ``\\udXXX`` escape text)."""
+    message = _PATH.sub("<path>", message).encode("utf-8", "backslashreplace").decode("utf-8")
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
@@ -35,7 +36,7 @@ class ApiError(Exception):
         self.status = status
         self.message = sanitize(message)
         self.type = type
-        self.param = param
+        self.param = sanitize(param, 200) if param is not None else None
         self.code = code
         self.headers = headers or {}
 

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import tokenmill
+from tokenmill_server.api_route import ApiRoute
 from tokenmill_server.conversation import openai_conversation, template_options
 from tokenmill_server.errors import bad_request, model_not_found
 from tokenmill_server.generation import check_text, engine_errors
@@ -27,7 +28,7 @@ from tokenmill_server.serving_embeddings import create_embedding
 from tokenmill_server.serving_messages import count_tokens, create_message
 from tokenmill_server.state import server_state
 
-router = APIRouter()
+router = APIRouter(route_class=ApiRoute)
 _STREAMING = {200: {"description": "A JSON body, or an event stream when stream is true.",
                     "content": {"application/json": {}, "text/event-stream": {}}}}
 _ERRORS = {code: {"description": text} for code, text in
@@ -121,7 +122,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
                                        body.continue_final_message, state.limits)
             conversation = openai_conversation(body.messages)
             bounds.check_conversation(conversation, options)
-            text, ids = await engine.render_chat(conversation, **options)
+            text, ids = await state.render_chat(conversation, options)
             if body.add_special_tokens:
                 ids = await engine.encode(bounds.check_text(text, "messages"), add_special_tokens=True)
     result: dict[str, Any] = {"count": len(ids), "max_model_len": state.model.max_model_len, "tokens": ids}

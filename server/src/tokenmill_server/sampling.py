@@ -125,6 +125,20 @@ def check_common(request: SamplingFields, limits: RequestLimits, model: ModelLim
             raise bad_request(f"bad_words may be at most {limits.max_stop_length} characters long.", "bad_words")
     stop_strings(request.stop, limits)
     logit_bias(request.logit_bias, limits)
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        token_ids(getattr(request, name), model, name)
+
+
+def token_ids(value: list[int] | None, model: ModelLimits, param: str) -> None:
+    """400 for a list of token ids longer than the vocabulary or naming an id outside it."""
+    if value is None:
+        return
+    if len(value) > model.vocab_size:
+        raise bad_request(f"{param} may hold at most {model.vocab_size} ids (the vocabulary's size), got {len(value)}.",
+                          param)
+    bad = next((t for t in value if not 0 <= t < model.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{param} holds token id {bad}, outside the vocabulary [0, {model.vocab_size}).", param)
 
 
 def check_logprobs(value: int | None, model: ModelLimits, param: str) -> None:
@@ -158,6 +172,9 @@ def structured_outputs(request: SamplingFields, response_format: Mapping[str, An
         schema = described.get("schema") if isinstance(described, Mapping) else None
         if not isinstance(schema, (dict, bool)):
             raise bad_request("response_format json_schema needs json_schema.schema, a JSON schema object.",
+                              "response_format")
+        if schema is False:
+            raise bad_request("response_format json_schema.schema is false, which no output can satisfy.",
                               "response_format")
         fields, param = {"json": schema if isinstance(schema, dict) else {}}, "response_format"
     elif kind == "structural_tag":

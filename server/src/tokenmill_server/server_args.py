@@ -39,6 +39,9 @@ class ServerSettings:
     write_timeout: float = 60.0
     socket_send_buffer: int = 0
     trust_request_chat_template: bool = False
+    request_chat_template_timeout: float = 5.0
+    request_chat_template_max_chars: int = 2_000_000
+    allow_special_tokens_in_content: bool = False
     tool_call_parser: str | None = None  # set: tool_choice "auto" reads calls from the output with it
     shutdown_timeout: float = 0.0
     keep_alive_on_engine_death: bool = False
@@ -104,7 +107,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="cap each connection's kernel send buffer (SO_SNDBUF), e.g. 64KiB (default: 0, "
                             "the kernel's autotuning)")
     group.add_argument("--trust-request-chat-template", action="store_true",
-                       help="let requests supply their own chat template (unsafe with untrusted clients)")
+                       help="let requests supply their own chat template (unsafe with untrusted clients); it "
+                            "renders in a bounded sandbox on threads of its own")
+    group.add_argument("--request-chat-template-timeout", type=float, default=5.0,
+                       help="seconds a request's chat template may render before the request gets a 400 "
+                            "(default: 5)")
+    group.add_argument("--request-chat-template-max-chars", type=int, default=2_000_000,
+                       help="longest text (and value on the way) a request's chat template may make "
+                            "(default: 2000000)")
+    group.add_argument("--allow-special-tokens-in-content", action="store_true",
+                       help="let special-token strings in chat messages (e.g. '<|im_end|>') become control tokens, "
+                            "as in vLLM; by default they are tokenized as text, so a message cannot forge a turn")
     group.add_argument("--shutdown-timeout", type=float, default=0.0,
                        help="on SIGTERM, seconds to let running requests finish before aborting them (default: 0)")
     group.add_argument("--keep-alive-on-engine-death", action="store_true",
@@ -134,6 +147,9 @@ def settings_from(namespace: argparse.Namespace) -> ServerSettings:
         request_read_timeout=namespace.request_read_timeout, write_timeout=namespace.write_timeout,
         socket_send_buffer=parse_size(namespace.socket_send_buffer),
         trust_request_chat_template=namespace.trust_request_chat_template,
+        request_chat_template_timeout=namespace.request_chat_template_timeout,
+        request_chat_template_max_chars=namespace.request_chat_template_max_chars,
+        allow_special_tokens_in_content=namespace.allow_special_tokens_in_content,
         tool_call_parser=namespace.tool_call_parser if namespace.enable_auto_tool_choice else None,
         shutdown_timeout=namespace.shutdown_timeout, keep_alive_on_engine_death=namespace.keep_alive_on_engine_death,
         log_interval=namespace.log_interval, ready_timeout=namespace.ready_timeout,

@@ -79,8 +79,7 @@ async def create_chat_completion(body: ChatCompletionRequest, http: Request) -> 
     bounds = state.prompt_bounds
     bounds.check_conversation(conversation, options)
     with state.admission(body.n):
-        with engine_errors():
-            text, ids = await engine.render_chat(conversation, **options)
+        text, ids = await state.render_chat(conversation, options)
         if body.add_special_tokens:
             ids = await bounds.encode(engine, text, "messages")
     max_tokens = body.output_limit()

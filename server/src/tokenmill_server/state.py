@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from tokenmill_server.event_stream import StreamBudget
 from tokenmill_server.generation import engine_errors
 from tokenmill_server.metrics import ServerMetrics
 from tokenmill_server.prompt_bounds import PromptBounds
+from tokenmill_server.request_templates import RequestTemplates
 from tokenmill_server.sampling import ModelLimits, RequestLimits
 
 
@@ -40,13 +41,14 @@ class ServerState:
     started: float = field(default_factory=time.time)
     draining: bool = False
     tokenizing: int = 0  # sequences of admitted requests not yet handed to the engine
+    request_templates: RequestTemplates | None = None  # set when the server trusts request templates
 
     @contextlib.contextmanager
     def admission(self, num_sequences: int) -> Iterator[None]:
         """503 if ``num_sequences`` more would overfill the engine's queue, counting requests still
         being tokenized (a burst is refused before it tokenizes); the block keeps their place."""
         with engine_errors(self.metrics):
-            self.engine.check_admission(self.tokenizing + num_sequences)
+            self.engine.check_admission(num_sequences, pending=self.tokenizing)
         self.tokenizing += num_sequences
         try:
             yield
@@ -57,6 +59,14 @@ class ServerState:
     def prompt_bounds(self) -> PromptBounds:
         """How much request text this model's prompts may have before it is tokenized."""
         return PromptBounds(self.model.max_model_len)
+    async def render_chat(self, conversation: Sequence[Mapping[str, Any]],
+                          options: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """The prompt text and ids of a conversation: a template from the request renders bounded, on
+        its own threads (``RequestTemplates``); the model's on the tokenizer thread."""
+        if options.get("chat_template") is not None and self.request_templates is not None:
+            return await self.request_templates.render(self.engine, conversation, options)
+        with engine_errors():
+            return await self.engine.render_chat(conversation, **options)
 
     def stream_budget(self, path: str) -> StreamBudget:
         """The unsent-output bound of one event stream on ``path``."""

@@ -177,16 +177,17 @@ class AsyncLLM:
             raise
         return queue
 
-    def check_admission(self, num_sequences: int) -> None:
-        """QueueFullError when ``num_sequences`` more would overfill the waiting queue (callers may
-        check before tokenizing, so a full server refuses cheaply)."""
+    def check_admission(self, num_sequences: int, pending: int = 0) -> None:
+        """QueueFullError when ``num_sequences`` more would overfill the waiting queue, counting ``pending``
+        sequences a caller admitted but has not added yet (callers may check before tokenizing, so a
+        full server refuses cheaply); the message counts both kinds."""
         if self.max_waiting_requests is None:
             return
         capacity = self.ready.max_num_seqs + self.max_waiting_requests
-        running = self.outputs.num_sequences
-        if running + num_sequences > capacity:
-            raise QueueFullError(f"The server is at capacity ({running} sequences running or waiting, "
-                                 f"at most {capacity}); retry later.")
+        admitted = self.outputs.num_sequences + pending
+        if admitted + num_sequences > capacity:
+            raise QueueFullError(f"The server is at capacity ({admitted} sequences running, waiting or being "
+                                 f"prepared, at most {capacity}); retry later.")
 
     async def embed(self, request_id: str, inputs: str | Sequence[Any], *,
                     max_inputs: int = DEFAULT_MAX_EMBEDDING_INPUTS) -> Embeddings:

@@ -9,7 +9,8 @@ from typing import Any
 from tokenmill.config import ModelConfig
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.tokenizer.builtin_templates import builtin_chat_template
-from tokenmill.tokenizer.chat_template import chat_prompt_token_ids
+from tokenmill.tokenizer.chat_template import render_chat
+from tokenmill.tokenizer.content_text import RenderedChat, rendered_token_ids
 
 logger = logging.getLogger("tokenmill")
 
@@ -33,6 +34,8 @@ class InputProcessor:
             eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
         self.chat_template = model.chat_template
+        # True: special-token strings in chat messages become control tokens (else they are text)
+        self.allow_special_tokens_in_content = False
         if self.chat_template is None and tokenizer is not None and not getattr(tokenizer, "chat_template", None):
             builtin = builtin_chat_template(model.architecture)
             if builtin is not None:
@@ -56,11 +59,23 @@ class InputProcessor:
 
     def chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
              add_generation_prompt: bool = True, **kwargs: Any) -> tuple[str, list[int]]:
-        """The rendered chat prompt and its ids: ``chat_template``, else the engine's --chat-template,
-        else the model's own, else tokenmill's built-in template for the model's family."""
-        return chat_prompt_token_ids(self.tokenizer, [dict(m) for m in messages],
-                                     chat_template=chat_template or self.chat_template,
-                                     add_generation_prompt=add_generation_prompt, **kwargs)
+        """The rendered chat prompt and its ids (``render_chat``, then ``chat_token_ids``)."""
+        rendered = self.render_chat(messages, chat_template, add_generation_prompt, **kwargs)
+        return rendered.text, self.chat_token_ids(rendered)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], chat_template: str | None = None,
+                    add_generation_prompt: bool = True, **kwargs: Any) -> RenderedChat:
+        """The rendered chat prompt: ``chat_template``, else the engine's --chat-template, else the
+        model's own, else tokenmill's built-in template for the model's family. Special-token strings
+        in the messages are text unless ``allow_special_tokens_in_content``."""
+        return render_chat(self.tokenizer, [dict(m) for m in messages],
+                           allow_special_tokens_in_content=self.allow_special_tokens_in_content,
+                           chat_template=chat_template or self.chat_template,
+                           add_generation_prompt=add_generation_prompt, **kwargs)
+
+    def chat_token_ids(self, rendered: RenderedChat) -> list[int]:
+        """The token ids of a rendered chat prompt."""
+        return rendered_token_ids(self.tokenizer, rendered)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
         """Check the prompt against the model; returns params with ``max_tokens`` filled in when unset."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from tokenmill.structured.empty_schemas import unsatisfiable_reason
+
 MAX_CHOICES = 1024
 # bounds that keep a constraint's checking and compiling short: xgrammar's work grows with the text's
 # length and a JSON schema's nesting, so both are capped before anything is compiled
@@ -94,6 +96,10 @@ def _grammar_error(kind: str, text: str) -> str | None:
     both check each request)."""
     import xgrammar
 
+    if kind == "json":
+        reason = unsatisfiable_reason(json.loads(text))
+        if reason is not None:
+            return f"no value can satisfy it ({reason})"
     try:
         if kind == "json":
             xgrammar.Grammar.from_json_schema(text)

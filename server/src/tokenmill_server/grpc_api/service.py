@@ -11,20 +11,25 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pydantic import ValidationError
 
 import tokenmill
-from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+from tokenmill.sampling_params import SamplingParams
 from tokenmill.structured import StructuredOutputsParams
+from tokenmill_server.error_handlers import validation_message
 from tokenmill_server.errors import ApiError
 from tokenmill_server.generation import engine_errors, new_request_id
 from tokenmill_server.grpc_api import tokenmill_pb2 as pb
 from tokenmill_server.grpc_api import tokenmill_pb2_grpc as pb_grpc
-from tokenmill_server.protocol.common import MAX_GRAMMAR_CHARS
-from tokenmill_server.sampling import check_context, check_model, logit_bias, stop_strings
+from tokenmill_server.protocol.common import MAX_GRAMMAR_CHARS, SamplingFields
+from tokenmill_server.sampling import build_sampling_params, check_common, check_context, check_model, check_token_ids
 from tokenmill_server.server_args import ServerSettings
 from tokenmill_server.state import ServerState
 
 SERVICE_NAME = "tokenmill.v1.Tokenmill"
+# SamplingParams fields that are unset unless given (the model's generation defaults apply)
+_OPTIONAL_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "n", "seed",
+                    "skip_special_tokens")
 _OPEN_METHODS = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
 
 
@@ -114,29 +119,27 @@ class TokenmillServicer(pb_grpc.TokenmillServicer):
         return await self.state.prompt_bounds.encode(engine, request.text, "text"), request.text
 
     def _params(self, request: pb.GenerateRequest) -> SamplingParams:
+        """The request's SamplingParams, validated by the HTTP API's own schema and checks (one validator:
+        the same bounds, finite numbers, caps and token-id ranges, and the same messages)."""
         given = request.sampling_params
-        values = {k: v for k, v in self.state.model.generation_defaults.items() if k != "max_tokens"}
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "n", "seed",
-                     "skip_special_tokens"):
-            if given.HasField(name):
-                values[name] = getattr(given, name)
-        limits = self.state.limits
-        if values.get("n", 1) > limits.max_n:
-            raise ApiError(400, f"n must be at most {limits.max_n}.", param="n")
-        values.update(presence_penalty=given.presence_penalty, frequency_penalty=given.frequency_penalty,
-                      min_tokens=given.min_tokens, stop=stop_strings(list(given.stop), limits),
-                      stop_token_ids=list(given.stop_token_ids), ignore_eos=given.ignore_eos,
-                      include_stop_str_in_output=given.include_stop_str_in_output,
-                      logit_bias=logit_bias({str(k): v for k, v in given.logit_bias.items()}, limits),
-                      output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY)
-        if given.HasField("structured_outputs"):
-            values["structured_outputs"] = _constraint(given.structured_outputs)
+        fields: dict[str, Any] = {name: getattr(given, name) for name in _OPTIONAL_FIELDS if given.HasField(name)}
+        fields.update(presence_penalty=given.presence_penalty, frequency_penalty=given.frequency_penalty,
+                      min_tokens=given.min_tokens, stop=list(given.stop), stop_token_ids=list(given.stop_token_ids),
+                      ignore_eos=given.ignore_eos, include_stop_str_in_output=given.include_stop_str_in_output,
+                      logit_bias={str(k): v for k, v in given.logit_bias.items()} or None)
+        max_tokens = fields.pop("max_tokens", None)
         try:
-            params = SamplingParams(**values)
-            params.check_token_ids(self.state.model.vocab_size)
-            return params
-        except ValueError as error:
-            raise ApiError(400, str(error)) from None
+            sampling = SamplingFields.model_validate(fields)
+        except ValidationError as error:
+            message, param = validation_message(list(error.errors()))
+            raise ApiError(400, message, param=param) from None
+        state = self.state
+        check_common(sampling, state.limits, state.model)
+        constraint = _constraint(given.structured_outputs) if given.HasField("structured_outputs") else None
+        params = build_sampling_params(sampling, state.limits, state.model, max_tokens=max_tokens, logprobs=None,
+                                       stream=request.stream, constraint=constraint)
+        check_token_ids(params, state.model)
+        return params
 
 
 def _constraint(given: pb.StructuredOutputs) -> StructuredOutputsParams:

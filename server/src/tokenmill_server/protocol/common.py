@@ -4,9 +4,10 @@ clients the truth); caps that depend on the server's flags are checked in ``samp
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -15,10 +16,41 @@ Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
+def _names_a_number(annotation: Any) -> bool:
+    """Whether a field's type is or holds ``int`` or ``float`` (``bool`` is neither here)."""
+    if annotation in (int, float):
+        return True
+    return any(_names_a_number(argument) for argument in get_args(annotation))
+
+
+def _holds_a_boolean(value: Any) -> bool:
+    """Whether ``value`` is, or its lists and mapping values hold, a JSON ``true`` or ``false``."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, bool):
+            return True
+        if isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return False
+
+
 class ApiModel(BaseModel):
-    """Unknown fields are accepted (OpenAI compatibility) and reported by ``ignored_fields``."""
+    """Unknown fields are accepted (OpenAI compatibility) and reported by ``ignored_fields``. Numbers are
+    read leniently as in vLLM (``"10"`` is 10), but a boolean is never a number: ``max_tokens: true``
+    or ``stop_token_ids: [true]`` is refused, not read as 1."""
 
     model_config = ConfigDict(extra="allow")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is not None and _names_a_number(cls.model_fields[info.field_name].annotation) and \
+                _holds_a_boolean(value):
+            raise PydanticCustomError("bool_is_not_a_number", "Input should be a number, not a boolean")
+        return value
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or ())
@@ -30,6 +62,7 @@ class StreamOptions(ApiModel):
 
 
 MAX_GRAMMAR_CHARS = 65536
+MAX_STOP_TOKEN_IDS = 1024
 
 
 class StructuredOutputs(ApiModel):
@@ -63,7 +96,7 @@ class SamplingFields(ApiModel):
     min_p: FiniteFloat | None = Field(None, ge=0.0, le=1.0)
     seed: Int64 | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     bad_words: list[str] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=INT64_MAX)
