@@ -11,6 +11,7 @@ from tokenmill.plugin_api.attention import (
     AttentionCapabilities,
     AttentionSpec,
 )
+from tokenmill.plugin_api.communicator import Communicator
 from tokenmill.plugin_api.hookspecs import PROJECT_NAME, hookimpl, hookspec
 from tokenmill.plugin_api.layer_kernels import LayerKernels
 from tokenmill.plugin_api.platform import (
@@ -22,6 +23,7 @@ from tokenmill.plugin_api.platform import (
     ProbeResult,
 )
 from tokenmill.plugin_api.quantization import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.torch_communicator import TorchDistributedCommunicator
 from tokenmill.plugin_api.version import PLUGIN_API_VERSION, is_compatible
 
 ENTRY_POINT_GROUPS = {
@@ -39,6 +41,7 @@ __all__ = [
     "AttentionBatch",
     "AttentionCapabilities",
     "AttentionSpec",
+    "Communicator",
     "DeviceInfo",
     "Fp8Format",
     "LayerKernels",
@@ -49,6 +52,7 @@ __all__ = [
     "ProbeResult",
     "QuantKernel",
     "Quantizer",
+    "TorchDistributedCommunicator",
     "hookimpl",
     "hookspec",
     "is_compatible",

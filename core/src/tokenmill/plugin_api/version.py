@@ -10,6 +10,8 @@
 # 1.6: optional LayerKernels.argmax_rows and LayerKernels.greedy_lm_head (greedy steps' argmax),
 #      QuantKernel.plain_weight
 # 1.7: optional LayerKernels.small_batch_linear_covers (core's oneDNN linear then keeps no reordered copy)
+# 2.0 (also): Communicator (plugin_api.communicator) with its default TorchDistributedCommunicator, and the
+#      optional Platform.create_communicator (a platform may supply a faster transport than torch.distributed)
 PLUGIN_API_VERSION: tuple[int, int] = (1, 7)
 
 
