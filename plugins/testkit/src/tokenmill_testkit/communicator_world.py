@@ -1,4 +1,4 @@
-"""CommunicatorWorld: start one process per rank, wait for all of them with a deadline, read their reports.
+"""run_world: start one process per rank, wait for all of them with a deadline, read their reports.
 
 The test process holds the TCP store the ranks meet at (bound to 127.0.0.1 on a port the system
 chooses, so no other run can take it first); gloo then connects the ranks over loopback. A rank that
