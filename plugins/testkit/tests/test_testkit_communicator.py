@@ -13,7 +13,7 @@ from tokenmill.reference.platform import ReferencePlatform
 from tokenmill_testkit import CommunicatorConformance
 
 pytest_plugins = ["pytester"]
-ARGS = ("-p", "no:cacheprovider", "--import-mode=importlib", "-q", "-rfs", "-p", "tokenmill_testkit.pytest_plugin")
+ARGS = ("-p", "no:cacheprovider", "--import-mode=importlib", "-q", "-rfs")
 
 
 class TestDefaultCommunicator(CommunicatorConformance):

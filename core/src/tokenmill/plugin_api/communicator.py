@@ -12,8 +12,9 @@ Rules every implementation keeps (the testkit's ``CommunicatorConformance`` chec
 
 * Ranks are positions in the group, ``0 .. world_size - 1``, never global process ranks.
 * Every rank of the group makes the same collective calls in the same order, with tensors of the
-  same dtype and device and, unless a method says otherwise, the same shape. A call some ranks never
-  make fails after the communicator's timeout; it never returns a wrong result.
+  same dtype and device and, unless a method says otherwise, the same shape (calls that differ between
+  ranks are the caller's bug, which a communicator need not detect). A call some ranks never make
+  raises after the communicator's timeout instead of blocking for ever.
 * Tensors live on ``device``; inputs may be non-contiguous, every returned tensor is contiguous.
 * A reduction's result has the same bits on every rank (tensor-parallel ranks must agree on every
   logit, or their sampled tokens differ). Sums are computed in the tensor's dtype or wider; a rank

@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenmill.plugin_api import Communicator
 from tokenmill.plugin_api.communicator import check_dim, check_divisible
-from tokenmill_cpu.shared_segment import ALIGNMENT, SharedSegment
+from tokenmill_cpu.shared_segment import ALIGNMENT, BarrierTimeout, SharedSegment
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class SharedMemoryCommunicator(Communicator):
         self._segment: SharedSegment | None = segment
         self._calls = 0  # shared-memory calls so far; its parity picks the buffer
         self._views: dict[tuple[int, Any, tuple[int, ...]], list[Any]] = {}
+        self._broken = ""  # set by a barrier timeout: the ranks no longer agree on the barrier's rounds
         self._accumulate = _summed_dtypes()
 
     @classmethod
@@ -109,8 +110,18 @@ class SharedMemoryCommunicator(Communicator):
                 self._views.clear()
             slots = self._views[key] = self._slot_views(buffer, tensor)
         slots[self.rank].copy_(tensor)
-        self._segment.wait(self.world_size, self.timeout_s)
+        self._wait()
         return slots
+
+    def _wait(self) -> None:
+        """The segment's barrier; after one timeout every later call raises at once."""
+        if self._broken:
+            raise RuntimeError(f"the shared-memory communicator is unusable: {self._broken}")
+        try:
+            self._segment.wait(self.world_size, self.timeout_s)
+        except BarrierTimeout as timeout:
+            self._broken = str(timeout)
+            raise
 
     def _slot_views(self, buffer: int, tensor: Any) -> list[Any]:
         """Each rank's slot of ``buffer`` as a tensor of ``tensor``'s dtype and shape."""
@@ -169,7 +180,7 @@ class SharedMemoryCommunicator(Communicator):
         """The segment's barrier."""
         if self._segment is None:
             return self.fallback.barrier()
-        self._segment.wait(self.world_size, self.timeout_s)
+        self._wait()
 
     # -- through the fallback -------------------------------------------------------------------
 
