@@ -1,5 +1,6 @@
-"""The communicator suite: core's default communicator passes it, deliberately broken ones fail it
-(with the reason), and a rank that hangs fails the run at its deadline instead of hanging it."""
+"""The communicator suite: core's default communicator (a platform's when it supplies none) passes it,
+deliberately broken ones fail it (with the reason), and a rank that hangs fails the run at its deadline
+instead of hanging it."""
 
 from __future__ import annotations
 
@@ -9,17 +10,35 @@ import torch  # noqa: F401
 # Imported here so the in-process pytester run below finds them already loaded (pytester restores
 # sys.modules afterwards, and torch cannot be imported twice).
 import tokenmill_testkit.communicator_conformance  # noqa: F401
-from tokenmill.reference.platform import ReferencePlatform
+from tokenmill.plugin_api import Platform, PlatformCapabilities, ProbeResult
 from tokenmill_testkit import CommunicatorConformance
 
 pytest_plugins = ["pytester"]
 ARGS = ("-p", "no:cacheprovider", "--import-mode=importlib", "-q", "-rfs")
 
 
-class TestDefaultCommunicator(CommunicatorConformance):
-    """TorchDistributedCommunicator over gloo, as core's reference platform creates it."""
+class HostPlatform(Platform):
+    """A platform that keeps every default: its communicator is core's TorchDistributedCommunicator
+    over a new gloo group."""
 
-    platform_cls = ReferencePlatform
+    name = "host"
+    device_type = "cpu"
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        return ProbeResult(10, ("always here",))
+
+    @property
+    def capabilities(self) -> PlatformCapabilities:
+        return PlatformCapabilities(collectives=("gloo",))
+
+
+class TestDefaultCommunicator(CommunicatorConformance):
+    platform_cls = HostPlatform
+
+    def test_the_default_is_torch_distributed(self, ranks) -> None:
+        for report in self.reports(ranks):
+            assert report["meta"]["describe"].startswith("torch.distributed gloo, rank"), report["meta"]
 
 
 BROKEN = '''
