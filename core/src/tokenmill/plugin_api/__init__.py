@@ -22,6 +22,7 @@ from tokenmill.plugin_api.attention import (
     AttentionCapabilities,
     AttentionSpec,
 )
+from tokenmill.plugin_api.communicator import Communicator
 from tokenmill.plugin_api.graphs import DecodeGraph, GraphCaptureDeclined
 from tokenmill.plugin_api.hookspecs import PROJECT_NAME, hookimpl, hookspec
 from tokenmill.plugin_api.layer_kernels import LayerKernels
@@ -35,6 +36,7 @@ from tokenmill.plugin_api.platform import (
     ProbeResult,
 )
 from tokenmill.plugin_api.quantization import LinearSpec, Quantizer, QuantKernel
+from tokenmill.plugin_api.torch_communicator import TorchDistributedCommunicator
 from tokenmill.plugin_api.version import PLUGIN_API_VERSION, api_version_problem, declared_api_version, is_compatible
 
 ENTRY_POINT_GROUPS = {
@@ -53,6 +55,7 @@ __all__ = [
     "AttentionCapabilities",
     "AttentionSpec",
     "BuildContext",
+    "Communicator",
     "DecodeGraph",
     "DeviceInfo",
     "EncoderModel",
@@ -68,6 +71,7 @@ __all__ = [
     "QuantKernel",
     "Quantizer",
     "StepContext",
+    "TorchDistributedCommunicator",
     "api_version_problem",
     "declared_api_version",
     "hookimpl",

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tokenmill.plugin_api.communicator import Communicator
 from tokenmill.plugin_api.layer_kernels import LayerKernels
 
 
@@ -76,7 +77,7 @@ class PlatformCapabilities:
     prefill_graph_max_tokens: int = 0  # graphs for one request's prefill chunks up to this many tokens (0: none)
     pinned_memory: bool = False
     unified_memory: bool = False
-    collectives: tuple[str, ...] = ("gloo",)
+    collectives: tuple[str, ...] = ("gloo",)  # torch.distributed backends, the first the one communicators use
     families: tuple[str, ...] = ()  # tags kernels can target, e.g. "cuda-compatible", "triton"
     isa: tuple[str, ...] = ()  # CPU instruction-set features, e.g. "avx2", "avx512f", "amx"
 
@@ -173,9 +174,23 @@ class Platform(ABC):
 
     @property
     def distributed_backend(self) -> str:
-        """The torch.distributed backend for collectives ("nccl", "rccl", "xccl", "gloo").
-        Optional; default the first entry of ``capabilities.collectives``."""
+        """The torch.distributed backend for collectives, as torch names it ("nccl", which is RCCL
+        under ROCm; "xccl"; "gloo"). Optional; default the first entry of ``capabilities.collectives``."""
         return self.capabilities.collectives[0]
+
+    def create_communicator(self, ranks: Sequence[int] | None = None) -> Communicator | None:
+        """A ``Communicator`` among the global ``ranks`` (None: every process), on ``torch_device()``,
+        or None in a process outside ``ranks``. Optional (plugin API 2.0); the default is
+        ``TorchDistributedCommunicator`` over a new group of ``distributed_backend``. A platform with a
+        faster transport returns its own, passing what it does not accelerate to that default.
+
+        Called in each worker process after ``activate`` and ``torch.distributed.init_process_group``,
+        once per group the engine forms (tensor-parallel, pipeline, expert groups). Collective over
+        the default group, as ``torch.distributed.new_group`` is: every process calls it for every
+        group, with the same ``ranks``, in the same order."""
+        from tokenmill.plugin_api.torch_communicator import TorchDistributedCommunicator
+
+        return TorchDistributedCommunicator.create(self.distributed_backend, ranks, self.torch_device())
 
     def attention_preference(self) -> tuple[str, ...]:
         """Attention backend names to try, best first. Optional; default the plain-PyTorch

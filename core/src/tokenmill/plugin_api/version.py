@@ -20,6 +20,8 @@ from typing import Any
 #      QuantKernel.plain_weight
 # 1.7: optional LayerKernels.small_batch_linear_covers (core's oneDNN linear then keeps no reordered copy)
 # 2.0: api_version is required and has no default (a plugin without one is refused)
+# 2.0 (also): Communicator (plugin_api.communicator) with its default TorchDistributedCommunicator, and the
+#      optional Platform.create_communicator (a platform may supply a faster transport than torch.distributed)
 PLUGIN_API_VERSION: tuple[int, int] = (2, 0)
 
 API_VERSION_ATTRIBUTE = "api_version"

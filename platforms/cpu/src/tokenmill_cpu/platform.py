@@ -5,11 +5,19 @@ from __future__ import annotations
 import logging
 import os
 import platform as host
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from tokenmill.plugin_api import DeviceInfo, LayerKernels, MemoryInfo, Platform, PlatformCapabilities, ProbeResult
+from tokenmill.plugin_api import (
+    Communicator,
+    DeviceInfo,
+    LayerKernels,
+    MemoryInfo,
+    Platform,
+    PlatformCapabilities,
+    ProbeResult,
+)
 from tokenmill_cpu.capabilities import cpu_capabilities
 from tokenmill_cpu.cpuinfo import read_cpuinfo
 from tokenmill_cpu.host_allocator import tune_host_allocator
@@ -22,6 +30,7 @@ logger = logging.getLogger(__name__)
 KV_CACHE_FRACTION = 0.25  # of available RAM, when the user did not size the cache
 KV_CACHE_CAP = 32 << 30  # bytes; more only helps with very long contexts, which CPUs serve slowly
 LAYER_KERNELS_ENV = "TOKENMILL_CPU_LAYER_KERNELS"
+SHARED_MEMORY_ENV = "TOKENMILL_CPU_SHARED_MEMORY_COMMUNICATOR"
 
 
 def _unset(config: Mapping[str, Any], key: str) -> bool:
@@ -126,6 +135,23 @@ class CpuPlatform(Platform):
             logger.info("cpu platform: float32 matrix products of 3+ rows in bf16x3 on AMX (three bfloat16 "
                         "products each, relative error ~2^-14); %s=ieee keeps float32 arithmetic", PRECISION_ENV)
         return kernels
+
+    def create_communicator(self, ranks: Sequence[int] | None = None) -> Communicator | None:
+        """Ranks that can map one shared-memory segment (all on this host) get a
+        ``SharedMemoryCommunicator``: all-reduce, all-gather and reduce-scatter through the segment, the
+        rest over the gloo communicator it wraps; otherwise (another host, no ``/dev/shm`` room, no C
+        compiler, a group of one, ``TOKENMILL_CPU_SHARED_MEMORY_COMMUNICATOR=0``) that gloo communicator
+        alone, with the reason logged. Every rank of the group gets the same kind."""
+        base = super().create_communicator(ranks)
+        if base is None or base.world_size == 1 or os.environ.get(SHARED_MEMORY_ENV, "1") == "0":
+            return base
+        from tokenmill_cpu.shared_memory_communicator import SharedMemoryCommunicator, SharedMemoryUnavailable
+
+        try:
+            return SharedMemoryCommunicator.attach(base)
+        except SharedMemoryUnavailable as reason:
+            logger.warning("cpu platform: collectives over %s only: %s", base.describe(), reason)
+            return base
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and

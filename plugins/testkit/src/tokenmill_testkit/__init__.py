@@ -18,6 +18,7 @@ _EXPORTS = {
     "PlatformConformance": "tokenmill_testkit.platform_conformance",
     "AttentionBackendConformance": "tokenmill_testkit.attention_conformance",
     "AttentionCase": "tokenmill_testkit.attention_cases",
+    "CommunicatorConformance": "tokenmill_testkit.communicator_conformance",
     "BatchMix": "tokenmill_testkit.attention_cases",
     "QuantizerConformance": "tokenmill_testkit.quantizer_conformance",
     "ProcessSnapshot": "tokenmill_testkit.side_effects",

@@ -1,4 +1,5 @@
-"""The testkit's pytest plugin (entry point ``pytest11``): ``--tokenmill-device`` and a plugin header line.
+"""The testkit's pytest plugin (entry point ``pytest11``): ``--tokenmill-device``, the ``live`` marker and a
+plugin header line.
 
 The header lists the installed tokenmill plugins. Loaded by every pytest run in an environment
 that has the testkit, so it imports nothing heavy."""
@@ -22,6 +23,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the attention and quantizer conformance suites on this torch device (e.g. cuda:0) "
         "instead of each suite's `device` attribute",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Registers ``live``, the marker of suites that start processes (the communicator conformance),
+    so a plugin's own ``--strict-markers`` run accepts it."""
+    config.addinivalue_line("markers", "live: starts another Python process (the communicator conformance's ranks)")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
