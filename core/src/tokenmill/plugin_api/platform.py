@@ -17,10 +17,13 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenmill.plugin_api.layer_kernels import LayerKernels
 from tokenmill.plugin_api.version import PLUGIN_API_VERSION
+
+if TYPE_CHECKING:
+    from tokenmill.plugin_api.quantization import QuantKernel
 
 
 class Fp8Format(enum.StrEnum):
@@ -185,6 +188,19 @@ class Platform(ABC):
     def quant_kernel_preference(self) -> tuple[str, ...]:
         """Quantized-linear kernel names to try first, best first. Optional (default none:
         every kernel a quantizer offers is tried in the quantizer's own order)."""
+        return ()
+
+    def linear_kernels(self) -> tuple[type[QuantKernel], ...]:
+        """This platform's own ``QuantKernel`` classes for layers holding a plain float ``weight``
+        [out, in] (and an optional bias). Optional (since plugin API 2.0; default none).
+
+        Core offers each for every full-precision layer beside the unquantized format's kernels, and for a
+        quantized layer in place of each of the format's plain-weight kernels (``QuantKernel.plain_weight``,
+        e.g. GGUF dequantized at load), as ``<format kernel>+<platform kernel>``: that variant runs where
+        both accept the layer, and the format creates the layer's weights as for its own kernel. Like
+        every kernel they are tried in ``quant_kernel_preference`` order (a variant under its platform
+        kernel's name), otherwise after the format's own. Called once per model build and by
+        ``tokenmill plugins explain``: return the classes without building anything."""
         return ()
 
     def create_graph(self) -> Any:
