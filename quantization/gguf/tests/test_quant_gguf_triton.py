@@ -90,8 +90,8 @@ def test_kernel_order_and_verdicts(gguf_fixtures, rng):
     caps = PlatformCapabilities()
     packed = GGUFQuantizer(_smollm_like_file(gguf_fixtures, rng), "packed")
     assert packed.kernels()[:3] == (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel)
-    # only where a platform prefers them
-    assert [k.name for k in packed.kernels()[3:]] == ["gguf-dequantized-onednn", "gguf-packed-cpu"]
+    # only where a platform prefers it
+    assert [k.name for k in packed.kernels()[3:]] == ["gguf-packed-cpu"]
     cpu = GGUFPackedTritonKernel.supports(packed, QKV, "cpu", caps)
     assert "interpreter" in cpu and "not for serving" in cpu
     assert GGUFPackedTritonKernel.supports(packed, QKV, "cuda", caps) is None

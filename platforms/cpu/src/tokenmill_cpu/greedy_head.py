@@ -39,7 +39,7 @@ import torch
 
 from tokenmill.layers.native_calls import native_call
 from tokenmill.layers.native_library import build_native_library
-from tokenmill.layers.onednn_linear import onednn_unavailable
+from tokenmill_cpu.onednn_linear import onednn_unavailable
 from tokenmill_cpu.weight_copies import WeightCopies
 
 SOURCE = Path(__file__).parent / "kernels" / "greedy_head.c"
