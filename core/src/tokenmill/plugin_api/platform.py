@@ -162,6 +162,24 @@ class Platform(ABC):
             pass
         return MemoryInfo(total=total, free=free)
 
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """One layer's KV cache: a zero-filled tensor of ``shape`` and torch ``dtype`` on this platform's
+        device. Optional; default ``torch.zeros`` on ``torch_device()``. Called once per attention layer
+        while the engine starts, after ``activate``; a platform may hand out memory that reads as zeros
+        without being written (the CPU's fresh anonymous mappings)."""
+        import torch
+
+        return torch.zeros(shape, dtype=dtype, device=self.torch_device())
+
+    def back_kv_cache(self, cache: Any, block_dim: int, start: int, stop: int) -> bool:
+        """Make the memory of blocks ``[start, stop)`` of one layer's ``cache`` (from ``allocate_kv_cache``;
+        blocks counted along ``block_dim``) resident now, so that the first writes to them do not take
+        page faults in the middle of a step. Must not change what the blocks hold. Returns whether it did;
+        False means it cannot here, and core stops asking (pages are then backed on first write, or the
+        device has no such notion). Optional; default False. Core asks in block order: blocks the
+        engine will use first, once when the engine is built and then a chunk at a time while it idles."""
+        return False
+
     def synchronize(self) -> None:
         """Wait for queued device work to finish. Optional (default: nothing, for eager CPUs).
 

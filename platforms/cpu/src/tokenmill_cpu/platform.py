@@ -86,6 +86,19 @@ class CpuPlatform(Platform):
         """Total RAM and ``MemAvailable``."""
         return host_memory(self.meminfo_path)
 
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """Zeros over a fresh anonymous mapping (``zeroed_tensor``): nothing is written, pages are backed
+        on first write or by ``back_kv_cache``."""
+        from tokenmill_cpu.zeroed_memory import zeroed_tensor  # imports torch
+
+        return zeroed_tensor(shape, dtype)
+
+    def back_kv_cache(self, cache: Any, block_dim: int, start: int, stop: int) -> bool:
+        """``madvise(MADV_POPULATE_WRITE)`` over the blocks' pages (Linux 5.14+; False elsewhere)."""
+        from tokenmill_cpu.kv_cache_pages import back_blocks  # imports torch
+
+        return back_blocks(cache, block_dim, start, stop)
+
     def attention_preference(self) -> tuple[str, ...]:
         """The optimised CPU backend when installed, else the plain-PyTorch reference."""
         return ("cpu", "reference")
