@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
+from tokenmill.discovery import KernelTarget, SelectionError, select_kernel
 from tokenmill.layers.context import AttentionSpecError, ModelBuildContext
 from tokenmill.layers.embedding import VocabEmbedding
-from tokenmill.discovery import KernelTarget, SelectionError, select_kernel
 from tokenmill.layers.linear import Linear, load_shard
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 from tokenmill.reference.attention import ReferenceAttentionBackend

@@ -5,8 +5,6 @@ inputs are declined; the platform hands them to the model."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from tokenmill.discovery.rejection import Rejection
@@ -58,7 +58,7 @@ class KernelChoice:
         return f"{self.kernel.name} (full precision)" if self.full_precision else self.kernel.name
 
 
-@lru_cache(maxsize=None)
+@cache
 def stand_in(platform_kernel: type[QuantKernel], format_kernel: type[QuantKernel]) -> type[QuantKernel]:
     """``platform_kernel`` running the layers of ``format_kernel`` (a plain-weight kernel): named
     ``<format kernel>+<platform kernel>``, it accepts a layer where both accept it, computes with the

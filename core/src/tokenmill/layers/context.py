@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from tokenmill.layers.embedding import LMHead, VocabEmbedding
 from tokenmill.discovery.kernel_choice import KernelChoice, KernelTarget, select_kernel
+from tokenmill.layers.embedding import LMHead, VocabEmbedding
 from tokenmill.layers.linear import Linear
 from tokenmill.plugin_api import (
     AttentionBackend,

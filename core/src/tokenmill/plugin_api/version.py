@@ -10,6 +10,10 @@
 # 1.6: optional LayerKernels.argmax_rows and LayerKernels.greedy_lm_head (greedy steps' argmax),
 #      QuantKernel.plain_weight
 # 1.7: optional LayerKernels.small_batch_linear_covers (core's oneDNN linear then keeps no reordered copy)
+# 2.0: removed LayerKernels.small_batch_linear and LayerKernels.small_batch_linear_covers (the CPU's decode
+#      products now belong to its own linear kernel); new optional Platform.linear_kernels (a platform's
+#      kernels for plain float weights, standing in for a format's plain-weight kernels),
+#      Platform.allocate_kv_cache and Platform.back_kv_cache (KV cache memory and backing its pages)
 PLUGIN_API_VERSION: tuple[int, int] = (1, 7)
 
 
