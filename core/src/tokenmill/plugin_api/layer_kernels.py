@@ -8,8 +8,6 @@ up to more than the matrix products (those are the linear kernels': a platform o
 its result, or None when it does not handle these inputs (a dtype, a layout): core then runs its own
 PyTorch code, which is also the reference the kernels are tested against. Results must match that
 code up to rounding (the order of floating-point sums, the evaluation of functions such as exp).
-A platform may compute float32 matrix products at a bounded, documented lower precision (the CPU
-platform's bf16x3 on AMX) only if it logs that at startup and offers a switch back to float32.
 """
 
 from __future__ import annotations

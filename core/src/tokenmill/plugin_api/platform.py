@@ -217,8 +217,10 @@ class Platform(ABC):
         e.g. GGUF dequantized at load), as ``<format kernel>+<platform kernel>``: that variant runs where
         both accept the layer, and the format creates the layer's weights as for its own kernel. Like
         every kernel they are tried in ``quant_kernel_preference`` order (a variant under its platform
-        kernel's name), otherwise after the format's own. Called once per model build and by
-        ``tokenmill plugins explain``: return the classes without building anything."""
+        kernel's name), otherwise after the format's own. Results must match ``F.linear`` up to rounding;
+        float32 products may run at a bounded, documented lower precision (the CPU's bf16x3 on AMX) only
+        if the platform logs that at startup and offers a switch back to float32. Called once per model
+        build and by ``tokenmill plugins explain``: return the classes without building anything."""
         return ()
 
     def create_graph(self) -> Any:
