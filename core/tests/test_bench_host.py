@@ -68,7 +68,7 @@ def test_the_streaming_rate_uses_the_fastest_reading():
 
 def test_which_engines_stream_float32_weights():
     assert reads_float32_weights("hf", {}) and reads_float32_weights("vllm", {})
-    assert reads_float32_weights("tokenmill", {"linear_kernels": ["gguf-dequantized-onednn", "onednn-linear"]})
+    assert reads_float32_weights("tokenmill", {"linear_kernels": ["gguf-dequantized+onednn-linear", "onednn-linear"]})
     assert not reads_float32_weights("tokenmill", {"linear_kernels": ["gguf-packed-cpu"]})
     assert not reads_float32_weights("tokenmill", {"linear_kernels": ["onednn-linear"], "speculative": {}})
     assert not reads_float32_weights("llama.cpp", {})

@@ -1,61 +1,63 @@
-"""KvCachePages: blocks backed ahead of their first writes, contents untouched, in block order."""
+"""KvCachePages: the platform asked to back blocks in block order, a chunk of bytes at a time, until
+done or refused; the block dimension comes from the attention backend's cache shape; the base
+platform allocates zeros and backs nothing."""
 
 from __future__ import annotations
 
-import resource
-import sys
-
-import pytest
 import torch
 
 from tokenmill.plugin_api import AttentionBackend
+from tokenmill.reference.platform import ReferencePlatform
 from tokenmill.runner.kv_cache_pages import KvCachePages
 from tokenmill.runner.model_runner import _block_dim
-from tokenmill.runner.zeroed_memory import zeroed_tensor
 
-linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
-BLOCKS, BLOCK_SIZE, HEADS, HEAD = 64, 16, 4, 256  # 64 KiB per block and half (keys or values)
+BLOCKS = 10
 
 
-def _faults_writing(tensor: torch.Tensor) -> int:
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    tensor.fill_(1.0)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+class BlockLedger:
+    """A platform's ``back_kv_cache`` that backs nothing but records what it was asked, refusing after
+    ``limit`` calls."""
+
+    def __init__(self, limit: int = 1 << 30) -> None:
+        self.calls: list[tuple[int, int, int, int]] = []
+        self.limit = limit
+
+    def __call__(self, cache, block_dim, start, stop):
+        self.calls.append((cache.shape[block_dim], block_dim, start, stop))
+        return len(self.calls) <= self.limit
 
 
 def _caches(layers: int = 2) -> list[torch.Tensor]:
-    return [zeroed_tensor((2, BLOCKS, BLOCK_SIZE, HEADS, HEAD), torch.float32, "cpu") for _ in range(layers)]
+    return [torch.zeros(2, BLOCKS, 4, 8) for _ in range(layers)]  # 2 x 4 x 8 floats: 256 bytes a block
 
 
-@linux
-def test_backed_blocks_take_no_page_faults_when_written_and_the_rest_still_do():
-    caches = _caches()
-    pages = KvCachePages(caches, block_dim=1, num_blocks=BLOCKS)
-    backed = pages.back(2 * 2 * 16 * 64 * 1024)  # 16 blocks of both layers' keys and values
-    if pages.done:
-        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
-    assert backed == 2 * 2 * 16 * 64 * 1024 and pages.backed == 16 and pages.seconds > 0
-    assert _faults_writing(caches[0][:, :16]) + _faults_writing(caches[1][:, :16]) < 64  # 1024 pages unbacked
-    assert _faults_writing(caches[1][:, 16:32]) >= 400  # 2 x 16 blocks of 16 pages each
+def test_blocks_are_asked_for_in_order_a_chunk_at_a_time():
+    ledger = BlockLedger()
+    pages = KvCachePages(_caches(), block_dim=1, num_blocks=BLOCKS, back_blocks=ledger)
+    assert pages.back(4 * 2 * 256) == 4 * 2 * 256 and pages.backed == 4
+    assert pages.back(1) == 2 * 256 and pages.backed == 5  # at least one block
+    assert pages.back(1 << 20) == 5 * 2 * 256 and pages.done and pages.back(1 << 20) == 0
+    assert ledger.calls == [(BLOCKS, 1, 0, 4), (BLOCKS, 1, 0, 4), (BLOCKS, 1, 4, 5), (BLOCKS, 1, 4, 5),
+                            (BLOCKS, 1, 5, 10), (BLOCKS, 1, 5, 10)]
 
 
-@linux
-def test_backing_keeps_what_the_blocks_hold_and_goes_on_from_where_it_stopped():
-    caches = _caches(1)
-    caches[0][1, 3].fill_(7.0)
-    pages = KvCachePages(caches, block_dim=1, num_blocks=BLOCKS)
-    steps = []
-    while not pages.done:
-        steps.append(pages.back(40 * 64 * 1024))  # 20 blocks of keys and values
-    assert pages.backed == BLOCKS and pages.back(1 << 20) == 0
-    assert len(steps) in (1, 4)  # 1: the kernel refused, nothing backed; else 20, 20, 20, 4 blocks
-    assert torch.count_nonzero(caches[0]) == BLOCK_SIZE * HEADS * HEAD
-    assert torch.all(caches[0][1, 3] == 7.0)
+def test_a_refusal_ends_the_work():
+    pages = KvCachePages(_caches(), block_dim=1, num_blocks=BLOCKS, back_blocks=BlockLedger(limit=3))
+    assert pages.back(2 * 2 * 256) == 2 * 2 * 256
+    assert pages.back(2 * 2 * 256) == 0 and pages.done  # the second layer's blocks were refused
 
 
-def test_gpu_style_or_empty_caches_are_done_at_once():
-    assert KvCachePages([], block_dim=1, num_blocks=8).done
-    assert KvCachePages([torch.zeros(2, 8, 4)[:, ::2]], block_dim=1, num_blocks=4).done  # not contiguous
+def test_nothing_to_do_without_a_platform_or_caches():
+    assert KvCachePages(_caches(), block_dim=1, num_blocks=BLOCKS, back_blocks=None).done
+    assert KvCachePages([torch.zeros(0)], block_dim=0, num_blocks=BLOCKS, back_blocks=BlockLedger()).done
+
+
+def test_the_base_platform_allocates_zeros_and_backs_nothing():
+    platform = ReferencePlatform()
+    cache = platform.allocate_kv_cache((2, BLOCKS, 4, 8), torch.bfloat16)
+    assert cache.shape == (2, BLOCKS, 4, 8) and cache.dtype == torch.bfloat16 and not cache.any()
+    pages = KvCachePages([cache], block_dim=1, num_blocks=BLOCKS, back_blocks=platform.back_kv_cache)
+    assert pages.back(1 << 20) == 0 and pages.done
 
 
 def test_the_block_dimension_comes_from_the_backends_shape():

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
+from tokenmill.discovery import KernelTarget, SelectionError, select_kernel
 from tokenmill.layers.context import AttentionSpecError, ModelBuildContext
 from tokenmill.layers.embedding import VocabEmbedding
-from tokenmill.layers.kernel_selection import NoKernelError, choose_kernel, evaluate_kernels
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 from tokenmill.plugin_api.linear import Linear, load_shard
 from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
@@ -118,18 +118,19 @@ def test_custom_weight_loader_takes_over():
     assert seen == [(True, [1.0, 1.0, 1.0], 1)] and param.sum() == 0
 
 
+def _cpu(caps=None, preference=(), linear_kernels=()):
+    return KernelTarget("cpu", "cpu", caps or PlatformCapabilities(), preference, linear_kernels)
+
+
 def test_kernel_selection_records_reasons_and_honours_preference():
     spec = LinearSpec("model.layers.0.mlp.down_proj", 8, 8, (8,), False, "float32")
-    cpu = PlatformCapabilities()
-    choice = choose_kernel(ToyPacked(), spec, "cpu", cpu)
-    assert choice.kernel is UnpackKernel
-    assert choice.describe() == "toy-unpack (toy-int4-dot: needs int4 dot products)"
-    fast = choose_kernel(ToyPacked(), spec, "cpu", PlatformCapabilities(int4_dot=True))
-    assert fast.kernel is Int4DotKernel and fast.rejected == ()
-    preferred = choose_kernel(ToyPacked(), spec, "cpu", PlatformCapabilities(int4_dot=True), preference=("toy-unpack",))
+    choice = select_kernel(ToyPacked(), spec, _cpu())
+    assert choice.kernel is UnpackKernel and not choice.full_precision
+    assert [r.render() for r in choice.rejections] == ["toy-int4-dot: needs int4 dot products"]
+    fast = select_kernel(ToyPacked(), spec, _cpu(PlatformCapabilities(int4_dot=True)))
+    assert fast.kernel is Int4DotKernel and fast.rejections == ()
+    preferred = select_kernel(ToyPacked(), spec, _cpu(PlatformCapabilities(int4_dot=True), ("toy-unpack",)))
     assert preferred.kernel is UnpackKernel
-    verdicts = evaluate_kernels(ToyPacked(), spec, "cpu", cpu)
-    assert [(v.name, v.accepted) for v in verdicts] == [("toy-int4-dot", False), ("toy-unpack", True)]
 
 
 def test_no_kernel_error_lists_every_reason():
@@ -138,8 +139,64 @@ def test_no_kernel_error_lists_every_reason():
             return (Int4DotKernel,)
 
     spec = LinearSpec("model.layers.3.self_attn.o_proj", 8, 8, (8,), False, "float32")
-    with pytest.raises(NoKernelError, match=r"o_proj \(8 -> 8, float32\) on cpu: toy-int4-dot: needs int4 dot"):
-        choose_kernel(OnlyFast(), spec, "cpu", PlatformCapabilities())
+    with pytest.raises(SelectionError, match=r"o_proj \[8 -> 8, float32\] on cpu:\n  - toy-int4-dot: needs int4 dot"):
+        select_kernel(OnlyFast(), spec, _cpu())
+
+
+class PlatformLinear(TorchLinearKernel):
+    """A platform's own kernel for plain float weights (here: F.linear, rejecting bfloat16)."""
+
+    name = "platform-linear"
+
+    @classmethod
+    def supports(cls, quantizer, spec, device_type, caps):
+        return "float32 only" if spec.dtype != "float32" else None
+
+
+class DequantizedKernel(TorchLinearKernel):
+    """A format's kernel for layers it dequantizes at load, with the layout its format reads."""
+
+    name = "toy-dequantized"
+    layout = "dequantize"
+
+    @classmethod
+    def supports(cls, quantizer, spec, device_type, caps):
+        return "pinned to packed" if quantizer.packed else None
+
+
+class Dequantizing(ToyPacked):
+    name = "toy-dequantizing"
+    packed = False
+
+    def kernels(self):
+        return (DequantizedKernel, UnpackKernel)
+
+
+def test_platform_linear_kernels_run_full_precision_layers_where_preferred():
+    head = LinearSpec("lm_head", 8, 32, (32,), False, "float32")
+    offered = select_kernel(ToyPacked(), head, _cpu(linear_kernels=(PlatformLinear,)))
+    assert offered.kernel is TorchLinearKernel and offered.full_precision  # not preferred: the format's order
+    preferred = select_kernel(ToyPacked(), head, _cpu(preference=("platform-linear",), linear_kernels=(PlatformLinear,)))
+    assert preferred.kernel is PlatformLinear and isinstance(preferred.quantizer, Unquantized)
+    assert preferred.name == "platform-linear (full precision)"
+
+
+def test_platform_linear_kernels_stand_in_for_a_formats_plain_weight_kernel():
+    spec = LinearSpec("model.layers.0.mlp.down_proj", 8, 8, (8,), False, "float32")
+    target = _cpu(preference=("platform-linear",), linear_kernels=(PlatformLinear,))
+    choice = select_kernel(Dequantizing(), spec, target)
+    assert choice.kernel.name == "toy-dequantized+platform-linear" and choice.kernel.layout == "dequantize"
+    assert issubclass(choice.kernel, PlatformLinear) and choice.kernel.plain_weight
+    assert select_kernel(Dequantizing(), spec, target).kernel is choice.kernel  # one class per pair
+    packed = Dequantizing()
+    packed.packed = True
+    pinned = select_kernel(packed, spec, target)
+    assert pinned.kernel is UnpackKernel
+    assert [r.render() for r in pinned.rejections] == ["toy-dequantized+platform-linear: pinned to packed",
+                                                       "toy-dequantized: pinned to packed"]
+    bf16 = select_kernel(Dequantizing(), LinearSpec("o", 8, 8, (8,), False, "bfloat16"), target)
+    assert bf16.kernel is DequantizedKernel
+    assert select_kernel(ToyPacked(), spec, target).kernel is UnpackKernel  # no plain-weight kernel to stand in for
 
 
 def test_unquantized_layers_and_the_lm_head():

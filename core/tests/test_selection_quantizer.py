@@ -3,7 +3,7 @@ the per-layer kernel choice with the platform's kernel preference and recorded r
 
 import pytest
 
-from tokenmill.discovery import PluginRegistry, SelectionError, select_kernel, select_quantizer
+from tokenmill.discovery import KernelTarget, PluginRegistry, SelectionError, select_kernel, select_quantizer
 from tokenmill.plugin_api import LinearSpec, Platform, PlatformCapabilities, ProbeResult, Quantizer, QuantKernel
 
 
@@ -104,14 +104,14 @@ SPEC = LinearSpec("model.layers.0.mlp.down_proj", 4096, 1024, (1024,), False, "f
 
 def test_first_supporting_kernel_wins_and_rejections_are_kept():
     fmt = quantizer("gptq", 1.0, kernels=(kernel("exllama", "needs group size 128"), kernel("triton"), kernel("torch")))()
-    choice = select_kernel(fmt, SPEC, SimulatedGpu())
+    choice = select_kernel(fmt, SPEC, KernelTarget.of(SimulatedGpu()))
     assert choice.name == "triton"
     assert [(r.name, r.reasons) for r in choice.rejections] == [("exllama", ("needs group size 128",))]
 
 
 def test_platform_kernel_preference_is_tried_first():
     kernels = (kernel("triton"), kernel("marlin"), kernel("machete", "needs Hopper-class matrix units"), kernel("torch"))
-    choice = select_kernel(quantizer("gptq", 1.0, kernels=kernels)(), SPEC, SimulatedGpu())
+    choice = select_kernel(quantizer("gptq", 1.0, kernels=kernels)(), SPEC, KernelTarget.of(SimulatedGpu()))
     assert choice.name == "marlin"
     assert [r.name for r in choice.rejections] == ["machete"]
 
@@ -119,14 +119,15 @@ def test_platform_kernel_preference_is_tried_first():
 def test_no_kernel_is_an_error_listing_each_reason():
     kernels = (kernel("marlin", "in_features not divisible by 128"), kernel("torch", "float16 only"))
     with pytest.raises(SelectionError) as error:
-        select_kernel(quantizer("gptq", 1.0, kernels=kernels)(), SPEC, SimulatedGpu())
+        select_kernel(quantizer("gptq", 1.0, kernels=kernels)(), SPEC, KernelTarget.of(SimulatedGpu()))
     message = str(error.value)
     assert "no gptq kernel can run model.layers.0.mlp.down_proj [4096 -> 1024, float16] on gpu" in message
     assert "marlin: in_features not divisible by 128" in message and "torch: float16 only" in message
 
 
-def test_layers_left_in_full_precision_need_no_kernel():
+def test_layers_left_in_full_precision_run_the_unquantized_format():
     fmt = quantizer("gptq", 1.0, kernels=(kernel("torch"),), quantized=lambda spec: spec.prefix != "lm_head")()
     head = LinearSpec("lm_head", 4096, 32000, (32000,), False, "float16")
-    choice = select_kernel(fmt, head, SimulatedGpu())
-    assert choice.kernel_cls is None and choice.name == "(full precision)"
+    choice = select_kernel(fmt, head, KernelTarget.of(SimulatedGpu()))
+    assert choice.full_precision and choice.quantizer.name == "unquantized"
+    assert choice.name == "torch-linear (full precision)"

@@ -149,7 +149,7 @@ def test_gguf_style_file_config_comes_from_the_quantizer(tmp_path):
     report = select(reg, SelectionRequest(dtype="float16"), model)
     assert report.dtype == "float16" and report.quantizer.name == "packed"
     kernels = {k.spec.prefix.rsplit(".", 1)[-1]: k for k in report.kernels}
-    assert kernels["qkv_proj"].name == "fast" and kernels["qkv_proj"].rejections == []
+    assert kernels["qkv_proj"].name == "fast" and kernels["qkv_proj"].rejections == ()
     assert kernels["o_proj"].name == "torch"
     assert kernels["o_proj"].rejections[0].reasons == ("out_features 64 not a multiple of 128",)
     assert "quantization: packed 4-bit (confidence 1.00)" in report.render()

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from tokenmill.plugin_api.native import build_failure
-from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable
+from tokenmill_cpu.layer_kernels import layer_ops_unavailable
 from tokenmill_cpu.panel_matmul import PANEL_MAX_ROWS, SOURCE, PanelMatmul, load_panel_matmul
+from tokenmill_cpu.small_batch_linear import SMALL_BATCH_ROWS, SmallBatchLinear
 
 pytestmark = pytest.mark.skipif(
     build_failure(load_panel_matmul) is not None or not load_panel_matmul().panel_matmul_offered(),
@@ -104,12 +105,12 @@ def test_declines_other_operands(panel):
 
 
 @pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler for the layer kernels")
-def test_the_layer_kernels_take_decode_rows_to_it():
-    kernels = CpuLayerKernels()
+def test_the_small_batch_linear_takes_decode_rows_to_it():
+    kernels = SmallBatchLinear()
     torch.manual_seed(2)
     weight = torch.randn(300, 200)
     for rows in (SMALL_BATCH_ROWS + 1, PANEL_MAX_ROWS):
         x = torch.randn(rows, 200)
-        _assert_product(kernels.small_batch_linear(x, weight), x, weight)
+        _assert_product(kernels(x, weight), x, weight)
     assert len(kernels._panel_matmul._packed) == 1
-    assert kernels.small_batch_linear(torch.randn(PANEL_MAX_ROWS + 1, 200), weight) is None
+    assert kernels(torch.randn(PANEL_MAX_ROWS + 1, 200), weight) is None

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from tokenmill.plugin_api.native import build_failure
-from tokenmill_cpu.layer_kernels import SMALL_BATCH_ROWS, CpuLayerKernels, layer_ops_unavailable
+from tokenmill_cpu.layer_kernels import layer_ops_unavailable
 from tokenmill_cpu.platform import CpuPlatform
+from tokenmill_cpu.small_batch_linear import SMALL_BATCH_ROWS, SmallBatchLinear
 from tokenmill_cpu.split_bf16_matmul import (
     PRECISION_ENV,
     SplitBf16Matmul,
@@ -114,17 +115,17 @@ def test_any_thread_count(threads):
 
 @needs_amx
 @pytest.mark.skipif(layer_ops_unavailable() is not None, reason="no C compiler for the layer kernels")
-def test_layer_kernels_route_rows_past_the_small_batch_to_it():
+def test_the_small_batch_linear_routes_rows_past_the_small_batch_to_it():
     torch.manual_seed(4)
-    kernels, weight = CpuLayerKernels(split_bf16=True), torch.randn(96, 128)
+    kernels, weight = SmallBatchLinear(split_bf16=True), torch.randn(96, 128)
     assert kernels.split_bf16
     few = torch.randn(SMALL_BATCH_ROWS, 128)  # float32 arithmetic, straight from the weight
-    torch.testing.assert_close(kernels.small_batch_linear(few, weight).double(), few.double() @ weight.double().T,
+    torch.testing.assert_close(kernels(few, weight).double(), few.double() @ weight.double().T,
                                rtol=1e-5, atol=1e-5)
     for rows in (SMALL_BATCH_ROWS + 1, 64, 1000):  # every larger row count, prefill chunks included
         x = torch.randn(rows, 128)
-        _assert_split_product(kernels.small_batch_linear(x, weight), x, weight)
-    assert not CpuLayerKernels().split_bf16
+        _assert_split_product(kernels(x, weight), x, weight)
+    assert not SmallBatchLinear().split_bf16
 
 
 def test_precision_comes_from_the_environment(monkeypatch):
@@ -142,7 +143,7 @@ def test_precision_comes_from_the_environment(monkeypatch):
 def test_platform_says_when_it_uses_it(monkeypatch, caplog):
     monkeypatch.delenv(PRECISION_ENV, raising=False)
     with caplog.at_level(logging.INFO, logger="tokenmill_cpu.platform"):
-        assert CpuPlatform().layer_kernels().split_bf16
+        assert CpuPlatform()._small_batch_linear.split_bf16
     assert f"{PRECISION_ENV}=ieee" in caplog.text
     monkeypatch.setenv(PRECISION_ENV, "ieee")
-    assert not CpuPlatform().layer_kernels().split_bf16
+    assert not CpuPlatform()._small_batch_linear.split_bf16

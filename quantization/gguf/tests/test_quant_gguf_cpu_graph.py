@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenmill_quant_gguf.cpu_kernel import native_unavailable
+from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
 from tokenmill_quant_gguf.quantizer import GGUFQuantizer
 
 cpu_platform = pytest.importorskip("tokenmill_cpu.platform")
@@ -69,9 +70,21 @@ def test_packed_decode_graphs_replay_the_eager_steps(tiny_gguf, model_harness):
     assert {1, 2, 3} <= set(run.replayed), run.replayed  # 6 requests finish one by one
 
 
+def test_dequantized_layers_run_the_platforms_onednn_linear_in_the_dequantized_layout(tiny_gguf, model_harness):
+    model, build = load(model_harness, tiny_gguf, "auto")
+    # 4 per layer stand in for gguf-dequantized; the head tied to the float embedding is full precision
+    assert build.kernel_summary() == {"gguf-dequantized+onednn-linear": 8, "onednn-linear": 1}
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv.kernel, GGUFDequantizedKernel) and qkv.weight.dtype == torch.float32
+    for rows in (1, 2, 5, 300):  # the small-batch products, the panels, oneDNN
+        x = torch.randn(rows, CONFIG["hidden_size"])
+        torch.testing.assert_close(qkv(x), torch.nn.functional.linear(x, qkv.weight), atol=1e-4, rtol=1e-4)  # bf16x3 on AMX
+
+
 def native_dense_matmul_offered() -> bool:
-    from tokenmill_cpu.layer_kernels import layer_ops_unavailable, load_small_batch_matmul
+    from tokenmill_cpu.layer_kernels import layer_ops_unavailable
     from tokenmill_cpu.panel_matmul import load_panel_matmul
+    from tokenmill_cpu.small_batch_linear import load_small_batch_matmul
 
     return (layer_ops_unavailable() is None and load_small_batch_matmul().offered
             and bool(load_panel_matmul().panel_matmul_offered()))

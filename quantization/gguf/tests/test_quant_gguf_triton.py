@@ -90,8 +90,8 @@ def test_kernel_order_and_verdicts(gguf_fixtures, rng):
     caps = TRITON_CAPS
     packed = GGUFQuantizer(_smollm_like_file(gguf_fixtures, rng), "packed")
     assert packed.kernels()[:3] == (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel)
-    # only where a platform prefers them
-    assert [k.name for k in packed.kernels()[3:]] == ["gguf-dequantized-onednn", "gguf-packed-cpu"]
+    # only where a platform prefers it
+    assert [k.name for k in packed.kernels()[3:]] == ["gguf-packed-cpu"]
     comparison.assert_triton_family_verdicts(GGUFPackedTritonKernel, packed, QKV)
     dequantize = GGUFQuantizer(packed._checkpoint.path, "dequantize")
     assert "pinned to dequantize" in GGUFPackedTritonKernel.supports(dequantize, QKV, "cuda", caps)

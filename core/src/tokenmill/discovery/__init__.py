@@ -9,7 +9,7 @@ Typical use::
 """
 
 from tokenmill.discovery.attention_choice import AttentionChoice, select_attention_backend
-from tokenmill.discovery.kernel_choice import KernelChoice, select_kernel
+from tokenmill.discovery.kernel_choice import KernelChoice, KernelTarget, select_kernel
 from tokenmill.discovery.model_description import ModelDescription
 from tokenmill.discovery.platform_choice import DEVICE_ENV_VAR, PlatformChoice, select_platform
 from tokenmill.discovery.plugin_manager import (
@@ -34,6 +34,7 @@ __all__ = [
     "AttentionChoice",
     "Contribution",
     "KernelChoice",
+    "KernelTarget",
     "ModelDescription",
     "PlatformChoice",
     "PluginConflictError",

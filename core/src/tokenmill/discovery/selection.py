@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenmill.discovery.attention_choice import select_attention_backend
-from tokenmill.discovery.kernel_choice import select_kernel
+from tokenmill.discovery.kernel_choice import KernelTarget, select_kernel
 from tokenmill.discovery.model_description import ModelDescription
 from tokenmill.discovery.platform_choice import select_platform
 from tokenmill.discovery.quantizer_choice import select_quantizer
@@ -89,7 +89,8 @@ def select(registry: PluginRegistry, request: SelectionRequest, model: ModelDesc
     except ValueError as error:
         raise SelectionError(f"quantization '{quantizer_choice.name}': {error}") from None
     report.quantizer_instance = quantizer
-    report.kernels = [select_kernel(quantizer, spec, platform) for spec in model.linear_specs(report.dtype)]
+    target = KernelTarget.of(platform)
+    report.kernels = [select_kernel(quantizer, spec, target) for spec in model.linear_specs(report.dtype)]
     report.warnings += _broken_plugin_warnings(registry)
     return report
 

@@ -61,7 +61,7 @@ def build_engine_core(config: EngineConfig, defer_graph_capture: bool = False) -
     runner = ModelRunner(model, backend, num_blocks=num_blocks, block_size=config.cache.block_size,
                          max_num_batched_tokens=step_tokens, max_num_seqs=config.max_num_seqs,
                          max_model_len=config.model.max_model_len, vocab_size=config.model.vocab_size,
-                         device=platform.torch_device(), layer_kernels=build.layer_kernels)
+                         device=platform.torch_device(), layer_kernels=build.layer_kernels, platform=platform)
     speculative = config.speculative
     if speculative is not None and encoder:
         raise ValueError(f"{config.model.architecture} embeds sequences and generates nothing: speculative "

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from tokenmill.discovery.kernel_choice import KernelChoice, KernelTarget, select_kernel
 from tokenmill.layers.embedding import LMHead, VocabEmbedding
-from tokenmill.layers.kernel_selection import KernelChoice, choose_kernel
 from tokenmill.plugin_api import (
     AttentionBackend,
     AttentionSpec,
@@ -24,6 +24,7 @@ from tokenmill.plugin_api import (
     Platform,
     PlatformCapabilities,
     Quantizer,
+    QuantKernel,
 )
 from tokenmill.plugin_api.linear import Linear
 from tokenmill.reference.unquantized import Unquantized
@@ -50,8 +51,9 @@ class ModelBuildContext:
     ``quantizer`` None means unquantized. ``attention_backend``, when set, validates every
     layer's AttentionSpec as it is built. ``layer_kernels`` (the platform's, or None for core's
     PyTorch code) runs RMSNorm, rotary embedding and SiluAndMul; ``build_model`` hands it to them.
-    ``kernel_choices`` records the linear kernel chosen for
-    each layer prefix (with the reasons faster kernels were rejected) for the startup report.
+    ``linear_kernels`` are the platform's own kernels for plain float weights (``Platform.linear_kernels``).
+    ``kernel_choices`` records the linear kernel chosen for each layer prefix (with the reasons faster
+    kernels were rejected) for the startup report.
     """
 
     dtype: torch.dtype | str = torch.float32
@@ -61,6 +63,7 @@ class ModelBuildContext:
     device_type: str = "cpu"
     capabilities: PlatformCapabilities = field(default_factory=PlatformCapabilities)
     kernel_preference: tuple[str, ...] = ()
+    linear_kernels: tuple[type[QuantKernel], ...] = ()
     block_size: int = 16
     kv_cache_dtype: str = "auto"
     attention_backend: type[AttentionBackend] | None = None
@@ -77,10 +80,12 @@ class ModelBuildContext:
     def for_platform(cls, platform: Platform, *, dtype: torch.dtype | str, quantizer: Quantizer | None = None,
                      block_size: int = 16, kv_cache_dtype: str = "auto",
                      attention_backend: type[AttentionBackend] | None = None) -> ModelBuildContext:
-        """A context for an activated platform: its device, capabilities and kernel preference."""
+        """A context for an activated platform: its device, capabilities, kernel preference and own
+        linear kernels."""
         return cls(dtype=dtype, device=platform.torch_device(), quantizer=quantizer, platform_name=platform.name,
                    device_type=platform.device_type, capabilities=platform.capabilities,
-                   kernel_preference=tuple(platform.quant_kernel_preference()), block_size=block_size,
+                   kernel_preference=tuple(platform.quant_kernel_preference()),
+                   linear_kernels=tuple(platform.linear_kernels()), block_size=block_size,
                    kv_cache_dtype=kv_cache_dtype, attention_backend=attention_backend,
                    layer_kernels=platform.layer_kernels())
 
@@ -90,11 +95,11 @@ class ModelBuildContext:
 
     def _linear_parts(self, spec: LinearSpec, quantized: bool) -> tuple[Quantizer, Any]:
         quantizer = self.quantizer if quantized and self.quantizer is not None else self._unquantized
-        if not quantizer.is_quantized(spec):
-            quantizer = self._unquantized
-        choice = choose_kernel(quantizer, spec, self.device_type, self.capabilities, self.kernel_preference)
+        target = KernelTarget(self.platform_name, self.device_type, self.capabilities, self.kernel_preference,
+                              self.linear_kernels)
+        choice = select_kernel(quantizer, spec, target)
         self.kernel_choices[spec.prefix] = choice
-        return quantizer, choice.kernel()
+        return choice.quantizer, choice.kernel()
 
     def linear(self, prefix: str, in_features: int, output_sizes: Sequence[int], bias: bool = False) -> Linear:
         """A Linear named ``prefix`` (the module path, e.g. ``model.layers.0.self_attn.qkv_proj``)

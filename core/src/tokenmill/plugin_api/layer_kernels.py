@@ -2,14 +2,12 @@
 
 A decode step of a small model on a CPU runs tens of tiny tensor operations per layer (a residual
 add and RMSNorm, rotary embedding, the gated activation); each costs a dispatcher call, which adds
-up to more than the matrix products. The matrix products of a decode step's few rows may also be
-the platform's own (``small_batch_linear``). A platform returns a ``LayerKernels`` from
+up to more than the matrix products (those are the linear kernels': a platform offers its own through
+``Platform.linear_kernels``). A platform returns a ``LayerKernels`` from
 ``Platform.layer_kernels()`` (plugin API 1.2) to run each of them as one call. Every method returns
 its result, or None when it does not handle these inputs (a dtype, a layout): core then runs its own
 PyTorch code, which is also the reference the kernels are tested against. Results must match that
 code up to rounding (the order of floating-point sums, the evaluation of functions such as exp).
-A platform may compute float32 matrix products at a bounded, documented lower precision (the CPU
-platform's bf16x3 on AMX) only if it logs that at startup and offers a switch back to float32.
 """
 
 from __future__ import annotations
@@ -44,20 +42,6 @@ class LayerKernels:
         [T], same dtype (token embeddings, the step's rotary angles). Raises IndexError for an index
         outside ``[0, N)``. Optional (plugin API 1.3)."""
         return None
-
-    def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
-        """``x @ weight.T`` as a new [M, N] tensor, ``x`` [M, K] and a float ``weight`` [N, K] (the layer's
-        own, not a repacked copy), typically for the few rows of a decode step; None for the row counts
-        (or the dtypes, layouts) where the platform's general matrix product is faster.
-        Optional (plugin API 1.4); asked by core's oneDNN linear kernel before every call."""
-        return None
-
-    def small_batch_linear_covers(self, weight: Any) -> bool:
-        """Whether ``small_batch_linear`` takes this float ``weight`` [N, K] at every row count, so that
-        core's own general product never runs for it and core keeps no copy of it for that product
-        (oneDNN's reordered weight, as large as the weight). Asked once per layer after loading.
-        Optional (plugin API 1.7); False by default."""
-        return False
 
     def argmax_rows(self, logits: Any) -> Any | None:
         """``torch.argmax(logits, dim=-1)`` as int64 [N] for float32 ``logits`` [N, V]: the first index of

@@ -17,10 +17,13 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenmill.plugin_api.communicator import Communicator
 from tokenmill.plugin_api.layer_kernels import LayerKernels
+
+if TYPE_CHECKING:
+    from tokenmill.plugin_api.quantization import QuantKernel
 
 
 class Fp8Format(enum.StrEnum):
@@ -160,6 +163,24 @@ class Platform(ABC):
             pass
         return MemoryInfo(total=total, free=free)
 
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """One layer's KV cache: a zero-filled tensor of ``shape`` and torch ``dtype`` on this platform's
+        device. Optional; default ``torch.zeros`` on ``torch_device()``. Called once per attention layer
+        while the engine starts, after ``activate``; a platform may hand out memory that reads as zeros
+        without being written (the CPU's fresh anonymous mappings)."""
+        import torch
+
+        return torch.zeros(shape, dtype=dtype, device=self.torch_device())
+
+    def back_kv_cache(self, cache: Any, block_dim: int, start: int, stop: int) -> bool:
+        """Make the memory of blocks ``[start, stop)`` of one layer's ``cache`` (from ``allocate_kv_cache``;
+        blocks counted along ``block_dim``) resident now, so that the first writes to them do not take
+        page faults in the middle of a step. Must not change what the blocks hold. Returns whether it did;
+        False means it cannot here, and core stops asking (pages are then backed on first write, or the
+        device has no such notion). Optional; default False. Core asks in block order: blocks the
+        engine will use first, once when the engine is built and then a chunk at a time while it idles."""
+        return False
+
     def synchronize(self) -> None:
         """Wait for queued device work to finish. Optional (default: nothing, for eager CPUs).
 
@@ -200,6 +221,21 @@ class Platform(ABC):
     def quant_kernel_preference(self) -> tuple[str, ...]:
         """Quantized-linear kernel names to try first, best first. Optional (default none:
         every kernel a quantizer offers is tried in the quantizer's own order)."""
+        return ()
+
+    def linear_kernels(self) -> tuple[type[QuantKernel], ...]:
+        """This platform's own ``QuantKernel`` classes for layers holding a plain float ``weight``
+        [out, in] (and an optional bias). Optional (since plugin API 2.0; default none).
+
+        Core offers each for every full-precision layer beside the unquantized format's kernels, and for a
+        quantized layer in place of each of the format's plain-weight kernels (``QuantKernel.plain_weight``,
+        e.g. GGUF dequantized at load), as ``<format kernel>+<platform kernel>``: that variant runs where
+        both accept the layer, and the format creates the layer's weights as for its own kernel. Like
+        every kernel they are tried in ``quant_kernel_preference`` order (a variant under its platform
+        kernel's name), otherwise after the format's own. Results must match ``F.linear`` up to rounding;
+        float32 products may run at a bounded, documented lower precision (the CPU's bf16x3 on AMX) only
+        if the platform logs that at startup and offers a switch back to float32. Called once per model
+        build and by ``tokenmill plugins explain``: return the classes without building anything."""
         return ()
 
     def create_graph(self) -> Any:

@@ -12,16 +12,24 @@ from typing import Any
 # 1.1: optional Quantizer.quantize_checkpoint, Platform.create_graph, AttentionCapabilities.graph_capture
 # 1.2: optional Quantizer.quantizes_tied_lm_head, Platform.layer_kernels (LayerKernels)
 # 1.3: optional LayerKernels.gather_rows, PlatformCapabilities.graph_max_batch, native_call recording
-#      (tokenmill.layers.native_calls) for CPU decode graphs
+#      (now plugin_api.native) for CPU decode graphs
 # 1.4: optional LayerKernels.small_batch_linear (decode-step matrix products), asked by core's oneDNN linear
 # 1.5: optional AttentionCapabilities.prefill_graph_capture, PlatformCapabilities.prefill_graph_max_tokens
 #      (single-request prefill chunks replayed through graphs, one per padded length)
 # 1.6: optional LayerKernels.argmax_rows and LayerKernels.greedy_lm_head (greedy steps' argmax),
 #      QuantKernel.plain_weight
 # 1.7: optional LayerKernels.small_batch_linear_covers (core's oneDNN linear then keeps no reordered copy)
-# 2.0: api_version is required and has no default (a plugin without one is refused)
-# 2.0 (also): Communicator (plugin_api.communicator) with its default TorchDistributedCommunicator, and the
-#      optional Platform.create_communicator (a platform may supply a faster transport than torch.distributed)
+# 2.0: the whole contract lives in plugin_api: native calls and the C library builder (plugin_api.native),
+#      decode graphs (graphs), the model protocol (model), Linear (linear), quantizer tools (quantize_tools),
+#      the reference attention (reference_attention), AttentionBatch.build, shared helpers for plugin families
+#      (triton, triton_tiles, compressed_tensors, scale_loaders, gpu_platform, ...);
+#      api_version is required and has no default (a plugin without one is refused);
+#      Communicator (plugin_api.communicator) with its default TorchDistributedCommunicator, and the
+#      optional Platform.create_communicator (a platform may supply a faster transport than torch.distributed);
+#      removed LayerKernels.small_batch_linear and LayerKernels.small_batch_linear_covers (the CPU's decode
+#      products now belong to its own linear kernel); new optional Platform.linear_kernels (a platform's
+#      kernels for plain float weights, standing in for a format's plain-weight kernels),
+#      Platform.allocate_kv_cache and Platform.back_kv_cache (KV cache memory and backing its pages)
 PLUGIN_API_VERSION: tuple[int, int] = (2, 0)
 
 API_VERSION_ATTRIBUTE = "api_version"

@@ -39,10 +39,9 @@ class Unquantized(Quantizer):
         return FALLBACK_CONFIDENCE
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
-        """The torch reference kernel, then oneDNN linear (used only where a platform prefers it)."""
-        from tokenmill.layers.onednn_linear import OneDnnLinearKernel
-
-        return (TorchLinearKernel, OneDnnLinearKernel)
+        """The torch reference kernel (a platform may offer its own for these plain weights:
+        ``Platform.linear_kernels``)."""
+        return (TorchLinearKernel,)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """Nothing is stored quantized."""

@@ -20,13 +20,12 @@ from torch import nn
 
 from tokenmill.engine.messages import LogprobsEntry
 from tokenmill.layers.context import AttentionContext
-from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LayerKernels
+from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LayerKernels, Platform
 from tokenmill.runner.graph_runner import DecodeGraphRunner
 from tokenmill.runner.kv_cache_pages import IDLE_CHUNK_BYTES, STARTUP_BYTES, KvCachePages
 from tokenmill.runner.pooled_states import PooledStates
 from tokenmill.runner.prefill_graphs import PrefillGraphRunner
 from tokenmill.runner.step_inputs import StepInputBuilder, StepInputs
-from tokenmill.runner.zeroed_memory import zeroed_tensor
 from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.greedy import GreedyArgmax
 from tokenmill.sampling.logprobs import prompt_logprobs_for_chunk
@@ -68,18 +67,23 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, *, num_blocks: int, block_size: int,
                  max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, vocab_size: int,
-                 device: torch.device, layer_kernels: LayerKernels | None = None) -> None:
+                 device: torch.device, layer_kernels: LayerKernels | None = None,
+                 platform: Platform | None = None) -> None:
+        """``platform`` allocates the KV caches and backs their pages (``Platform.allocate_kv_cache`` /
+        ``back_kv_cache``); without one they are ``torch.zeros`` on ``device``, backed on first write."""
         self.model = model
         self.backend = backend
         self.device = device
         self.vocab_size = vocab_size
         self.specs: list[AttentionSpec] = model.attention_specs()
-        self.kv_caches = [
-            zeroed_tensor(backend.kv_cache_shape(num_blocks, block_size, s.num_kv_heads, s.head_size),
-                          dtype=backend.kv_cache_torch_dtype(s), device=device)
-            for s in self.specs
-        ]
-        self.kv_pages = KvCachePages(self.kv_caches, _block_dim(backend, block_size, self.specs), num_blocks)
+        shapes = [(backend.kv_cache_shape(num_blocks, block_size, s.num_kv_heads, s.head_size),
+                   backend.kv_cache_torch_dtype(s)) for s in self.specs]
+        if platform is not None:
+            self.kv_caches = [platform.allocate_kv_cache(shape, dtype) for shape, dtype in shapes]
+        else:
+            self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        self.kv_pages = KvCachePages(self.kv_caches, _block_dim(backend, block_size, self.specs), num_blocks,
+                                     platform.back_kv_cache if platform is not None else None)
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.inputs = StepInputBuilder(max_num_batched_tokens, max_num_seqs, max_blocks_per_seq, block_size, device)
         self.greedy = GreedyArgmax(layer_kernels)  # every greedy token id of the runner, sampler and drafter

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
-from tokenmill.layers.onednn_linear import onednn_unavailable
 from tokenmill.plugin_api.native import build_native_library, native_call
+from tokenmill_cpu.onednn_linear import onednn_unavailable
 from tokenmill_cpu.weight_copies import WeightCopies
 
 SOURCE = Path(__file__).parent / "kernels" / "greedy_head.c"

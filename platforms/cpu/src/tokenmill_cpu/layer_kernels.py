@@ -1,16 +1,13 @@
 """CpuLayerKernels: RMSNorm (with its residual add), rotary embedding, SiluAndMul, row gathers and
-the matrix products of decode steps as one C call each.
+greedy argmaxes as one C call each.
 
 A decode step of a 30-layer model otherwise runs some 60 small tensor operations per layer outside
 the matrix products; at one token each costs more in dispatch than in arithmetic. The kernels are
 ``kernels/layer_ops.c`` (built on first use by core's ``build_native_library``) and take float32
 or bfloat16 rows whose last dimension is contiguous (bfloat16 rounded wherever PyTorch's bfloat16
-operations round); anything else is declined (None) and runs core's PyTorch code. The small-batch
-matrix product (``kernels/small_batch_matmul.c``) streams a float32 weight once at memory speed: at
-one row it beat oneDNN's reordered-weight linear by ~10% (30 cold SmolLM2 layers: 16.8 vs 18.6 ms)
-and at two about even, so it takes up to ``SMALL_BATCH_ROWS`` rows; from there to ``PANEL_MAX_ROWS``
-rows ``PanelMatmul`` multiplies against packed weight panels. Being native calls, they also let a
-dense model's decode steps be captured as CPU decode graphs.
+operations round); anything else is declined (None) and runs core's PyTorch code. Being native calls,
+they also let a dense model's decode steps be captured as CPU decode graphs. The decode steps' matrix
+products are the platform's linear kernel's (``OneDnnLinearKernel`` with ``SmallBatchLinear``).
 """
 
 from __future__ import annotations
@@ -26,13 +23,11 @@ from tokenmill.plugin_api import LayerKernels
 from tokenmill.plugin_api.native import build_failure, build_native_library, native_call
 from tokenmill_cpu.greedy_head import GreedyHead, load_greedy_head
 from tokenmill_cpu.kernels.dtypes import SUFFIXES, by_dtype
-from tokenmill_cpu.panel_matmul import PanelMatmul, float32_matrices, load_panel_matmul
-from tokenmill_cpu.split_bf16_matmul import SplitBf16Matmul, load_split_bf16_matmul
+from tokenmill_cpu.panel_matmul import load_panel_matmul
+from tokenmill_cpu.small_batch_linear import load_small_batch_matmul
+from tokenmill_cpu.split_bf16_matmul import load_split_bf16_matmul
 
 SOURCE = Path(__file__).parent / "kernels" / "layer_ops.c"
-SMALL_BATCH_SOURCE = Path(__file__).parent / "kernels" / "small_batch_matmul.c"
-FLOAT32 = torch.float32
-SMALL_BATCH_ROWS = 2
 
 
 @lru_cache(maxsize=1)
@@ -53,22 +48,9 @@ def load_layer_ops() -> ctypes.CDLL:
     return library
 
 
-@lru_cache(maxsize=1)
-def load_small_batch_matmul() -> Any:
-    """``small_batch_matmul_f32`` from its compiled library, with ``offered`` (False where oneDNN stays:
-    builds with neither AVX-512 nor AVX2 + FMA); NativeBuildError when there is no C compiler."""
-    library = build_native_library(SMALL_BATCH_SOURCE, "CPU small-batch matmul")
-    function = library.small_batch_matmul_f32
-    pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-    function.argtypes = [pointer, i64, i64, i64, pointer, i64, i64, pointer, i64]
-    function.restype = None
-    library.small_batch_matmul_offered.restype = ctypes.c_int
-    function.offered = bool(library.small_batch_matmul_offered())
-    return function
-
-
 def layer_ops_unavailable() -> str | None:
-    """Why the layer kernels cannot be built or loaded here, or None."""
+    """Why the layer kernels (or the ``SmallBatchLinear`` products, built and refused with them) cannot be
+    built or loaded here, or None."""
     return (build_failure(load_layer_ops) or build_failure(load_small_batch_matmul) or build_failure(load_panel_matmul)
             or build_failure(load_greedy_head) or build_failure(load_split_bf16_matmul))
 
@@ -100,17 +82,12 @@ class CpuLayerKernels(LayerKernels):
 
     name = "cpu-layer-ops"
 
-    def __init__(self, bf16_estimates: bool = False, split_bf16: bool = False) -> None:
+    def __init__(self, bf16_estimates: bool = False) -> None:
         """``bf16_estimates``: the CPU multiplies bfloat16 natively, so ``greedy_lm_head`` may estimate
         the logits of more than two rows in bfloat16 (elsewhere it declines them; one or two rows take
-        int8 estimates on every CPU). ``split_bf16``: float32 products of more than
-        ``SMALL_BATCH_ROWS`` rows may run in bf16x3 on AMX (``SplitBf16Matmul``) where the CPU has it."""
+        int8 estimates on every CPU)."""
         self._library = load_layer_ops()
         self._greedy_head = GreedyHead(bf16_estimates)
-        self._small_batch_matmul = load_small_batch_matmul()
-        self._panel_matmul = PanelMatmul()
-        split_matmul = SplitBf16Matmul() if split_bf16 else None
-        self._split_matmul = split_matmul if split_matmul is not None and split_matmul.offered else None
         self._rms_norm, self._rotary, self._silu_and_mul = (by_dtype(self._library, name)
                                                             for name in ("rms_norm", "rotary", "silu_and_mul"))
 
@@ -181,34 +158,6 @@ class CpuLayerKernels(LayerKernels):
         if refused:
             raise IndexError(f"{refused} index(es) out of range for a table of {table.shape[0]} rows")
         return out
-
-    @property
-    def split_bf16(self) -> bool:
-        """Whether float32 products of more than ``SMALL_BATCH_ROWS`` rows run in bf16x3 on AMX."""
-        return self._split_matmul is not None
-
-    def small_batch_linear(self, x: Any, weight: Any) -> Any | None:
-        """``x @ weight.T`` for float32 rows: up to ``SMALL_BATCH_ROWS`` rows straight from the weight
-        (AVX-512, or AVX2 with FMA); more rows in bf16x3 on AMX when ``split_bf16`` (at every row count: it beats
-        oneDNN's float32 product throughout), else up to ``PANEL_MAX_ROWS`` against packed panels;
-        the rest, and other CPUs, go to oneDNN."""
-        if self._split_matmul is not None and self._split_matmul.accepts(x, weight) and x.shape[0] > SMALL_BATCH_ROWS:
-            return self._split_matmul(x, weight)
-        if x.shape[0] <= SMALL_BATCH_ROWS and self._small_batch_matmul.offered and float32_matrices(x, weight):
-            rows, width = x.shape
-            out = torch.empty(rows, weight.shape[0], dtype=FLOAT32)
-            native_call(self._small_batch_matmul, x.data_ptr(), rows, width, x.stride(0), weight.data_ptr(),
-                        weight.shape[0], weight.stride(0), out.data_ptr(), out.stride(0))
-            return out
-        return self._panel_matmul(x, weight) if self._panel_matmul.accepts(x, weight) else None
-
-    def small_batch_linear_covers(self, weight: Any) -> bool:
-        """True for a float32 weight where bf16x3 on AMX is on: ``small_batch_linear`` then takes it at
-        every row count (1-2 rows straight from it, more split), and oneDNN's copy would never be read."""
-        if self._split_matmul is None or weight.dim() != 2:
-            return False
-        one_row = torch.empty(1, weight.shape[1], dtype=FLOAT32)  # the operand checks do not depend on the rows
-        return self._split_matmul.accepts(one_row, weight) and self._panel_matmul.accepts(one_row, weight)
 
     def argmax_rows(self, logits: Any) -> Any | None:
         """Each float32 row's argmax in C, rows spread over the threads."""

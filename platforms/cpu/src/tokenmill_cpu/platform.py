@@ -47,6 +47,7 @@ class CpuPlatform(Platform):
     cpuinfo_path = "/proc/cpuinfo"
     meminfo_path = "/proc/meminfo"
     _graph_arena: Any = None  # the ActivationArena of this platform's graphs, made with the first one
+    _linear_kernels: tuple[type[Any], ...] | None = None  # made at the first ``linear_kernels`` call
 
     @classmethod
     def probe(cls) -> ProbeResult:
@@ -95,14 +96,55 @@ class CpuPlatform(Platform):
         """Total RAM and ``MemAvailable``."""
         return host_memory(self.meminfo_path)
 
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """Zeros over a fresh anonymous mapping (``zeroed_tensor``): nothing is written, pages are backed
+        on first write or by ``back_kv_cache``."""
+        from tokenmill_cpu.zeroed_memory import zeroed_tensor  # imports torch
+
+        return zeroed_tensor(shape, dtype)
+
+    def back_kv_cache(self, cache: Any, block_dim: int, start: int, stop: int) -> bool:
+        """``madvise(MADV_POPULATE_WRITE)`` over the blocks' pages (Linux 5.14+; False elsewhere)."""
+        from tokenmill_cpu.kv_cache_pages import back_blocks  # imports torch
+
+        return back_blocks(cache, block_dim, start, stop)
+
     def attention_preference(self) -> tuple[str, ...]:
         """The optimised CPU backend when installed, else the plain-PyTorch reference."""
         return ("cpu", "reference")
 
     def quant_kernel_preference(self) -> tuple[str, ...]:
-        """oneDNN linear on reordered weights for full-precision and dequantized GGUF layers (2-4x
-        torch's default CPU GEMM); with GGUF's packed mode, its C kernel over the raw blocks."""
-        return ("onednn-linear", "gguf-dequantized-onednn", "gguf-packed-cpu")
+        """oneDNN linear on reordered weights for full-precision layers and, standing in for a format's
+        plain-weight kernel, for dequantized GGUF layers; with GGUF's packed mode, its C kernel over the
+        raw blocks."""
+        return ("onednn-linear", "gguf-packed-cpu")
+
+    def linear_kernels(self) -> tuple[type[Any], ...]:
+        """``OneDnnLinearKernel`` for plain float32 / bfloat16 weights, its decode-step rows multiplied by
+        this platform's ``SmallBatchLinear`` where the layer kernels are on."""
+        if self._linear_kernels is None:
+            from tokenmill_cpu.onednn_linear import OneDnnLinearKernel  # imports torch
+
+            self._linear_kernels = (OneDnnLinearKernel.using(lambda: self._small_batch_linear),)
+        return self._linear_kernels
+
+    @cached_property
+    def _small_batch_linear(self) -> Any:
+        """The ``SmallBatchLinear`` of this platform's linear kernel, made at its first use (a model
+        build); None with ``TOKENMILL_CPU_LAYER_KERNELS=0`` or where the layer kernels cannot be built."""
+        if os.environ.get(LAYER_KERNELS_ENV, "1") == "0":
+            return None
+        from tokenmill_cpu.layer_kernels import layer_ops_unavailable  # imports torch
+        from tokenmill_cpu.small_batch_linear import SmallBatchLinear
+        from tokenmill_cpu.split_bf16_matmul import PRECISION_ENV, fp32_matmul_precision
+
+        if layer_ops_unavailable() is not None:  # ``layer_kernels`` says why
+            return None
+        matmuls = SmallBatchLinear(split_bf16=fp32_matmul_precision() == "bf16x3")
+        if matmuls.split_bf16:
+            logger.info("cpu platform: float32 matrix products of 3+ rows in bf16x3 on AMX (three bfloat16 "
+                        "products each, relative error ~2^-14); %s=ieee keeps float32 arithmetic", PRECISION_ENV)
+        return matmuls
 
     def create_graph(self) -> Any:
         """A new CpuDecodeGraph: a decode (or prefill) forward recorded as its native kernel calls,
@@ -115,26 +157,19 @@ class CpuPlatform(Platform):
         return CpuDecodeGraph(self._graph_arena)
 
     def layer_kernels(self) -> LayerKernels | None:
-        """RMSNorm, rotary, SiluAndMul, decode-step matrix products and greedy argmaxes in C
-        (``CpuLayerKernels``) when a C compiler can build them, the greedy LM head estimated in int8 for
-        one or two rows and in bfloat16 for more where the ISA multiplies it natively;
-        ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's PyTorch code."""
+        """RMSNorm, rotary, SiluAndMul, row gathers and greedy argmaxes in C (``CpuLayerKernels``) when a C
+        compiler can build them, the greedy LM head estimated in int8 for one or two rows and in bfloat16
+        for more where the ISA multiplies it natively; ``TOKENMILL_CPU_LAYER_KERNELS=0`` keeps core's
+        PyTorch code (and oneDNN for every row count of the linear layers)."""
         if os.environ.get(LAYER_KERNELS_ENV, "1") == "0":
             return None
         from tokenmill_cpu.layer_kernels import CpuLayerKernels, layer_ops_unavailable  # imports torch
-        from tokenmill_cpu.split_bf16_matmul import PRECISION_ENV, fp32_matmul_precision
 
         reason = layer_ops_unavailable()
         if reason is not None:
             logger.warning("cpu platform: layer kernels unavailable, using PyTorch ops: %s", reason)
             return None
-        precision = fp32_matmul_precision()
-        kernels = CpuLayerKernels(bf16_estimates=has_native_bf16(self.capabilities.isa),
-                                  split_bf16=precision == "bf16x3")
-        if kernels.split_bf16:
-            logger.info("cpu platform: float32 matrix products of 3+ rows in bf16x3 on AMX (three bfloat16 "
-                        "products each, relative error ~2^-14); %s=ieee keeps float32 arithmetic", PRECISION_ENV)
-        return kernels
+        return CpuLayerKernels(bf16_estimates=has_native_bf16(self.capabilities.isa))
 
     def create_communicator(self, ranks: Sequence[int] | None = None) -> Communicator | None:
         """Ranks that can map one shared-memory segment (all on this host) get a

@@ -27,6 +27,7 @@ from tokenmill.plugin_api import (
     Platform,
     PlatformCapabilities,
     ProbeResult,
+    QuantKernel,
     api_version_problem,
 )
 from tokenmill_testkit.side_effects import ProcessSnapshot
@@ -127,6 +128,24 @@ class PlatformConformance:
         info = active_platform.memory_info()
         assert isinstance(info, MemoryInfo)
         assert info.total > 0 and 0 <= info.free <= info.total, info
+
+    def test_kv_cache_memory(self, active_platform: Platform) -> None:
+        cache = active_platform.allocate_kv_cache((2, 6, 4, 2, 8), torch.float32)
+        assert isinstance(cache, torch.Tensor) and cache.shape == (2, 6, 4, 2, 8) and cache.dtype == torch.float32
+        assert cache.device.type == self.platform_cls.device_type and cache.is_contiguous()
+        assert not bool(cache.any().cpu()), "allocate_kv_cache() must return zeros"
+        cache[:, 1].fill_(3.0)
+        backed = active_platform.back_kv_cache(cache, 1, 0, 4)
+        assert isinstance(backed, bool)
+        assert float(cache.sum().cpu()) == 3.0 * cache[:, 1].numel(), "back_kv_cache() must keep what blocks hold"
+
+    def test_linear_kernels(self, active_platform: Platform) -> None:
+        kernels = active_platform.linear_kernels()
+        assert isinstance(kernels, tuple)
+        for kernel in kernels:
+            assert isinstance(kernel, type) and issubclass(kernel, QuantKernel), kernel
+            assert isinstance(kernel.name, str) and kernel.name, f"{kernel!r} needs a name"
+            assert kernel.plain_weight, f"{kernel.name}: linear_kernels() run plain float weights (plain_weight)"
 
     def test_seed_and_synchronize(self, active_platform: Platform) -> None:
         device = active_platform.torch_device()

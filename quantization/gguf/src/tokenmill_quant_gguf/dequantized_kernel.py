@@ -1,4 +1,7 @@
-"""The GGUF kernel for layers dequantized at load: a plain ``F.linear`` on the float weight."""
+"""The GGUF kernel for layers dequantized at load: a plain ``F.linear`` on the float weight.
+
+Being a plain-weight kernel, a platform's own linear kernel may stand in for it (``Platform.linear_kernels``,
+e.g. the CPU's ``gguf-dequantized+onednn-linear``), with the layer created in this kernel's layout."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ from typing import Any, ClassVar
 
 import torch.nn.functional as F
 
-from tokenmill.layers.onednn_linear import OneDnnLinearKernel
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
 
 
@@ -29,15 +31,3 @@ class GGUFDequantizedKernel(QuantKernel):
         """``x @ weight.T + bias``."""
         return F.linear(x, layer.weight, bias)
 
-
-class GGUFDequantizedOneDnnKernel(OneDnnLinearKernel):
-    """Dequantized-at-load GGUF layers through oneDNN linear (chosen where a platform prefers it)."""
-
-    name = "gguf-dequantized-onednn"
-    gguf_layout: ClassVar[str] = "dequantize"
-
-    @classmethod
-    def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
-        """The dequantized layout's condition plus oneDNN's (CPU, float32/bfloat16)."""
-        return (GGUFDequantizedKernel.supports(quantizer, spec, device_type, caps)
-                or super().supports(quantizer, spec, device_type, caps))

@@ -31,7 +31,7 @@ from tokenmill.plugin_api import LinearSpec, Quantizer, QuantKernel
 from tokenmill.plugin_api.fused_shards import FUSED_SHARDS
 from tokenmill_quant_gguf.checkpoint import GGUFCheckpoint, find_gguf_file
 from tokenmill_quant_gguf.cpu_kernel import GGUFPackedCpuKernel
-from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel, GGUFDequantizedOneDnnKernel
+from tokenmill_quant_gguf.dequantized_kernel import GGUFDequantizedKernel
 from tokenmill_quant_gguf.ggml_type import GGMLType
 from tokenmill_quant_gguf.gguf_file import GGUF_MAGIC
 from tokenmill_quant_gguf.packed_kernel import GGUFPackedTorchKernel
@@ -82,10 +82,9 @@ class GGUFQuantizer(Quantizer):
 
     def kernels(self) -> tuple[type[QuantKernel], ...]:
         """Dequantized ``F.linear`` first, then packed Triton (GPUs), then the packed torch reference;
-        dequantized oneDNN linear and the packed C kernel last, used only where the platform prefers
-        them (CPUs)."""
-        return (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel, GGUFDequantizedOneDnnKernel,
-                GGUFPackedCpuKernel)
+        the packed C kernel last, used only where the platform prefers it (CPUs). A platform's own
+        linear kernel may run the dequantized layout in place of ``F.linear`` (``Platform.linear_kernels``)."""
+        return (GGUFDequantizedKernel, GGUFPackedTritonKernel, GGUFPackedTorchKernel, GGUFPackedCpuKernel)
 
     def is_quantized(self, spec: LinearSpec) -> bool:
         """True when the file stores the layer (False e.g. for an ``lm_head`` tied to the embedding)."""

@@ -1,20 +1,23 @@
-"""OneDnnLinearKernel: full-precision linear layers through oneDNN with weights reordered once.
+"""OneDnnLinearKernel: the CPU platform's linear kernel for plain float weights, through oneDNN with
+each weight reordered once.
 
-torch's default CPU GEMM re-packs the weight on every call; oneDNN's linear with a weight reordered
-at load into its blocked layout runs 2-4x faster at every batch size measured on x86 (the gap
-vLLM-CPU exploits). The result is the same float32 math in a different summation order. It is
-offered by the unquantized format (and formats that dequantize at load) but chosen only when the
-platform prefers it by name (``quant_kernel_preference``), so the reference platform keeps plain
-``F.linear`` as the oracle.
+torch's default CPU GEMM re-packs the weight on every call; oneDNN's linear on a weight reordered at
+load into its blocked layout does not. The result is the same float math in a different summation
+order. The platform offers it through ``Platform.linear_kernels`` (full-precision layers, and layers
+a format dequantizes at load as that format's ``<kernel>+onednn-linear``) and prefers it by name, so
+the reference platform keeps plain ``F.linear`` as the oracle. Bias-free layers first offer their
+rows to the platform's ``SmallBatchLinear`` (decode steps), when the platform has one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
 from tokenmill.plugin_api import LinearSpec, PlatformCapabilities, Quantizer, QuantKernel
+from tokenmill_cpu.small_batch_linear import SmallBatchLinear
 
 _DTYPES = ("float32", "bfloat16")
 _BATCH_HINT = 64
@@ -29,11 +32,22 @@ def onednn_unavailable() -> str | None:
     return None
 
 
+def _no_small_batch_linear() -> SmallBatchLinear | None:
+    return None
+
+
 class OneDnnLinearKernel(QuantKernel):
     """``x @ W.T + b`` with ``W`` reordered once for oneDNN (CPU, float32 / bfloat16)."""
 
     name = "onednn-linear"
     plain_weight = True
+    small_batch_linear: ClassVar[Callable[[], SmallBatchLinear | None]] = staticmethod(_no_small_batch_linear)
+
+    @classmethod
+    def using(cls, small_batch_linear: Callable[[], SmallBatchLinear | None]) -> type[OneDnnLinearKernel]:
+        """This kernel with ``small_batch_linear()`` (asked once per layer, when the layer is built) as
+        the source of its decode-step products."""
+        return type(cls.__name__, (cls,), {"__doc__": cls.__doc__, "small_batch_linear": staticmethod(small_batch_linear)})
 
     @classmethod
     def supports(cls, quantizer: Quantizer, spec: LinearSpec, device_type: str, caps: PlatformCapabilities) -> str | None:
@@ -44,13 +58,15 @@ class OneDnnLinearKernel(QuantKernel):
             return f"dtype {spec.dtype} not supported (supports {', '.join(_DTYPES)})"
         return onednn_unavailable()
 
+    def __init__(self) -> None:
+        self._small_batch = type(self).small_batch_linear()
+
     def process_weights_after_loading(self, layer: Any) -> None:
         """Reorder ``layer.weight`` into oneDNN's layout (kept beside it: a tied head shares ``weight``),
-        unless the platform's ``small_batch_linear`` covers every row count of this bias-free layer
-        (``small_batch_linear_covers``): then no copy is kept, and one is made only if oneDNN ever runs."""
-        kernels = getattr(layer, "kernels", None)
-        covers = getattr(kernels, "small_batch_linear_covers", None)
-        if getattr(layer, "bias", None) is None and covers is not None and covers(layer.weight):
+        unless ``SmallBatchLinear`` covers every row count of this bias-free layer: then no copy is kept,
+        and one is made only if oneDNN ever runs."""
+        small = self._small_batch
+        if getattr(layer, "bias", None) is None and small is not None and small.covers(layer.weight):
             layer.onednn_weight, layer.onednn_source = None, None
             return
         self._reorder(layer)
@@ -61,13 +77,13 @@ class OneDnnLinearKernel(QuantKernel):
         layer.onednn_source = layer.weight.data_ptr()
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x @ weight.T (+ bias)``: the platform's ``small_batch_linear`` when it takes these rows,
+        """``x @ weight.T (+ bias)``: ``SmallBatchLinear`` when it takes these rows of a bias-free layer,
         else oneDNN (reordering first if the weight changed since, or was never reordered)."""
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
-        kernels = getattr(layer, "kernels", None)
-        if kernels is not None and bias is None:
-            out = kernels.small_batch_linear(rows, layer.weight)
+        small = self._small_batch
+        if small is not None and bias is None:
+            out = small(rows, layer.weight)
             if out is not None:
                 return out.reshape(*shape[:-1], out.shape[-1])
         if getattr(layer, "onednn_source", None) != layer.weight.data_ptr():

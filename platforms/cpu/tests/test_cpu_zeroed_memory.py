@@ -1,4 +1,5 @@
-"""zeroed_tensor: zeros of any dtype and shape, on the CPU without writing the memory."""
+"""zeroed_tensor (the CPU platform's ``allocate_kv_cache``): zeros of any dtype and shape without writing
+the memory."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from tokenmill.runner.zeroed_memory import zeroed_tensor
+from tokenmill_cpu.platform import CpuPlatform
+from tokenmill_cpu.zeroed_memory import zeroed_tensor
 
 
 def _vm_flags(smaps: str, address: int) -> list[str]:
@@ -26,7 +28,7 @@ def _vm_flags(smaps: str, address: int) -> list[str]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8])
 def test_zeros_of_the_shape_and_dtype(dtype):
-    tensor = zeroed_tensor((3, 5, 7), dtype, "cpu")
+    tensor = zeroed_tensor((3, 5, 7), dtype)
     assert tensor.shape == (3, 5, 7) and tensor.dtype == dtype and tensor.is_contiguous()
     assert torch.count_nonzero(tensor) == 0
     tensor[1, 2, 3] = 1
@@ -34,7 +36,7 @@ def test_zeros_of_the_shape_and_dtype(dtype):
 
 
 def test_page_aligned_and_writable_after_the_caller_drops_other_references():
-    tensor = zeroed_tensor((1024, 16), torch.float32, torch.device("cpu"))
+    tensor = CpuPlatform().allocate_kv_cache((1024, 16), torch.float32)
     assert tensor.data_ptr() % 4096 == 0
     view = tensor[3:]
     del tensor
@@ -43,12 +45,12 @@ def test_page_aligned_and_writable_after_the_caller_drops_other_references():
 
 
 def test_empty_shape():
-    assert zeroed_tensor((0, 4), torch.float32, "cpu").numel() == 0
+    assert zeroed_tensor((0, 4), torch.float32).numel() == 0
 
 
 def test_a_large_allocation_is_not_resident_until_written():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    tensor = zeroed_tensor((256, 1024, 1024), torch.uint8, "cpu")  # 256 MiB
+    tensor = zeroed_tensor((256, 1024, 1024), torch.uint8)  # 256 MiB
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 1000  # 65536 pages if written
     tensor[:1].fill_(1)
     assert tensor[0].sum().item() == 1024 * 1024
@@ -56,7 +58,7 @@ def test_a_large_allocation_is_not_resident_until_written():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps")
 def test_the_mapping_is_private():
-    tensor = zeroed_tensor((4, 1024, 1024), torch.uint8, "cpu")
+    tensor = zeroed_tensor((4, 1024, 1024), torch.uint8)
     with open("/proc/self/smaps") as f:
         flags = _vm_flags(f.read(), tensor.data_ptr())
     assert "sh" not in flags  # a shared anonymous mapping is shmem: slower for attention to read
