@@ -6,7 +6,7 @@ from transformers import LlamaConfig
 
 from tokenmill.config import EngineArgs
 from tokenmill.discovery import SelectionError, resolve_dtype
-from tokenmill.engine.config_resolver import resolve_config
+from tokenmill.engine_core.config_resolver import resolve_config
 from tokenmill.plugin_api import PlatformCapabilities
 
 CAPS = PlatformCapabilities(dtypes=("bfloat16", "float32"))

@@ -7,8 +7,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from tokenmill.engine import messages as wire
-from tokenmill.engine.messages import (
+from tokenmill import wire
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.stats import SchedulerStats
+from tokenmill.wire import (
     EngineCoreEmbeddings,
     EngineCoreEmbedRequest,
     EngineCoreFailure,
@@ -17,8 +19,6 @@ from tokenmill.engine.messages import (
     EngineCoreRequest,
     LogprobsEntry,
 )
-from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.stats import SchedulerStats
 
 
 def roundtrip(kind, message):

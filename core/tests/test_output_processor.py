@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill.engine.messages import EngineCoreOutput, EngineCoreRequest, LogprobsEntry
-from tokenmill.engine.output_processor import OutputProcessor
-from tokenmill.engine.parallel_sampling import child_request_id
+from tokenmill.frontend.output_processor import OutputProcessor
+from tokenmill.frontend.parallel_sampling import child_request_id
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill.tokenizer import load_tokenizer
+from tokenmill.wire import EngineCoreOutput, EngineCoreRequest, LogprobsEntry
 
 TEXT = "Hello world, this is a test of stop strings. 😀 Done!"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenmill.engine.frontend_stats import IterationStats
-from tokenmill.engine.messages import EngineCoreOutput, EngineCoreRequest
-from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.frontend.output_processor import OutputProcessor
+from tokenmill.frontend.stats import IterationStats
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.wire import EngineCoreOutput, EngineCoreRequest
 
 
 def request(request_id, prompt_ids, arrival_time=10.0, **params):

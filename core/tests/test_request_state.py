@@ -2,9 +2,9 @@
 
 import pytest
 
-from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.wire import EngineCoreRequest
 
 EOS = 2
 

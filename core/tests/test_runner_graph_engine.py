@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from tokenmill.config import EngineArgs
 from tokenmill.discovery.attention_choice import AttentionChoice
-from tokenmill.engine.config_resolver import resolve_config
-from tokenmill.engine.core_builder import build_engine_core
+from tokenmill.engine_core.config_resolver import resolve_config
+from tokenmill.engine_core.core_builder import build_engine_core
 from tokenmill.plugin_api import AttentionCapabilities, MemoryInfo, PlatformCapabilities
 from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform

@@ -8,9 +8,9 @@ import pytest
 from hf_parity import save_bracketed_llama
 
 from tokenmill import LLM, SamplingParams
-from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.structured.grammar_compiler import StructuredOutputCompiler
 from tokenmill.structured.grammar_queue import GrammarQueue
+from tokenmill.wire import EngineCoreRequest
 
 EOS = 2
 

@@ -9,7 +9,7 @@ from jinja2.exceptions import TemplateError
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from tokenmill.config import ModelConfig
-from tokenmill.engine.input_processor import InputProcessor
+from tokenmill.frontend.input_processor import InputProcessor
 from tokenmill.tokenizer.builtin_templates import CHATML, GEMMA, PHI3, builtin_chat_template
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi! "},

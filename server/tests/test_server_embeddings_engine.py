@@ -14,20 +14,20 @@ import torch
 import zmq
 from transformers import AutoModel, AutoModelForCausalLM, BertConfig, LlamaConfig
 
+from tokenmill import wire
 from tokenmill.config import EngineArgs
 from tokenmill.discovery.attention_choice import AttentionChoice
-from tokenmill.engine import messages as wire
-from tokenmill.engine.config_resolver import resolve_config
-from tokenmill.engine.core_builder import build_engine_core
-from tokenmill.engine.core_process import EngineCoreProc, ready_message
-from tokenmill.engine.embedding import model_pooling
-from tokenmill.engine.messages import EngineCoreEmbedRequest, EngineCoreRequest
+from tokenmill.engine_core.config_resolver import resolve_config
+from tokenmill.engine_core.core_builder import build_engine_core
+from tokenmill.engine_core.core_process import EngineCoreProc, ready_message
+from tokenmill.engine_core.embedding import model_pooling
 from tokenmill.layers.pooling import pool
 from tokenmill.plugin_api import MemoryInfo, PlatformCapabilities
 from tokenmill.plugin_api.reference_attention import ReferenceAttentionBackend
 from tokenmill.reference.platform import ReferencePlatform
 from tokenmill.runner.graph_runner import EagerDecodeGraph
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.wire import EngineCoreEmbedRequest, EngineCoreRequest
 
 MIB = 1 << 20
 VOCAB, HIDDEN = 100, 48

@@ -18,7 +18,7 @@ def test_requests_racing_the_engine_death_get_503_and_the_socket_directory_goes(
                         log=tmp_path / "server.log").wait_ready()
     try:
         engine = next(c for c in psutil.Process(server.process.pid).children(recursive=True)
-                      if "tokenmill.engine.core_process" in " ".join(c.cmdline()))
+                      if "tokenmill.engine_core.core_process" in " ".join(c.cmdline()))
         address = next(arg for arg in engine.cmdline() if arg.startswith("ipc://"))
         socket_dir = os.path.dirname(address[len("ipc://"):])
         clients = [httpx.Client(base_url=server.url, timeout=30) for _ in range(BURST)]

@@ -193,7 +193,7 @@ def test_sigterm_with_zero_timeout_aborts_with_errors(servers):
 
 def engine_process(server) -> psutil.Process:
     children = psutil.Process(server.process.pid).children(recursive=True)
-    engine = [c for c in children if "tokenmill.engine.core_process" in " ".join(c.cmdline())]
+    engine = [c for c in children if "tokenmill.engine_core.core_process" in " ".join(c.cmdline())]
     assert len(engine) == 1
     return engine[0]
 

@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tokenmill.engine.frontend_stats import IterationStats
+from tokenmill.frontend.stats import IterationStats
 from tokenmill.scheduler.stats import SchedulerStats
 from tokenmill_server.metrics import ServerMetrics
 from tokenmill_server.throughput_log import ThroughputLog

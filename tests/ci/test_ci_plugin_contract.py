@@ -79,7 +79,7 @@ def test_core_and_server_are_not_plugins(tmp_path):
     found = tree(tmp_path, {
         "core/src/tokenmill/engine/core.py": "from tokenmill.scheduler import Scheduler\n",
         "core/tests/test_core.py": "from tokenmill.runner.model_runner import ModelRunner\n",
-        "server/src/tokenmill_server/app.py": "from tokenmill.engine.async_llm import AsyncLLM\n",
-        "server/tests/test_app.py": "from tokenmill.engine import llm_engine\n",
+        "server/src/tokenmill_server/app.py": "from tokenmill.frontend.async_llm import AsyncLLM\n",
+        "server/tests/test_app.py": "from tokenmill.frontend import llm_engine\n",
     })
     assert found == []

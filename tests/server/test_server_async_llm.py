@@ -8,8 +8,8 @@ import pytest
 from server_live import build_tiny_model
 
 from tokenmill.config import EngineArgs
-from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
-from tokenmill.engine.core_client import EngineCoreClient
+from tokenmill.frontend.async_llm import AsyncLLM, EngineDeadError, QueueFullError
+from tokenmill.frontend.core_client import EngineCoreClient
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 

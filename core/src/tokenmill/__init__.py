@@ -16,14 +16,14 @@ _LAZY = {
     "RequestOutputKind": "tokenmill.sampling_params",
     "RequestOutput": "tokenmill.outputs",
     "CompletionOutput": "tokenmill.outputs",
-    "LLMEngine": "tokenmill.engine.llm_engine",
+    "LLMEngine": "tokenmill.frontend.llm_engine",
 }
 
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
     from tokenmill.config import EngineArgs
-    from tokenmill.engine.llm_engine import LLMEngine
+    from tokenmill.frontend.llm_engine import LLMEngine
     from tokenmill.llm import LLM
     from tokenmill.outputs import CompletionOutput, RequestOutput
     from tokenmill.sampling_params import RequestOutputKind, SamplingParams

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from tokenmill.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from tokenmill.engine.messages import EngineCoreRequest
     from tokenmill.structured.request_grammar import RequestGrammar
+    from tokenmill.wire import EngineCoreRequest
 
 
 class RequestStatus(enum.IntEnum):

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 import tokenmill
-from tokenmill.engine.async_llm import AsyncLLM
+from tokenmill.frontend.async_llm import AsyncLLM
 from tokenmill_server.auth import ApiKeyMiddleware
 from tokenmill_server.body_limit import BodyLimitMiddleware
 from tokenmill_server.error_handlers import install_error_handlers

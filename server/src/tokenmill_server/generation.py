@@ -11,13 +11,13 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from tokenmill.engine.async_llm import (
+from tokenmill.frontend.async_llm import (
     EngineDeadError,
     QueueFullError,
     RequestAbortedError,
     RequestRejectedError,
 )
-from tokenmill.engine.input_processor import PromptTooLongError
+from tokenmill.frontend.input_processor import PromptTooLongError
 from tokenmill.outputs import RequestOutput
 from tokenmill_server.errors import ApiError, bad_request, overloaded, unavailable
 

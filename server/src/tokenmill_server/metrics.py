@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tokenmill.engine.async_llm import IterationStats
+from tokenmill.frontend.async_llm import IterationStats
 from tokenmill_server.event_stream import StreamGauge
 
 PREFIX = "tokenmill:"

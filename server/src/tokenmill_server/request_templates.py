@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tokenmill.engine.async_llm import AsyncLLM
+from tokenmill.frontend.async_llm import AsyncLLM
 from tokenmill.tokenizer.template_sandbox import TemplateBounds
 from tokenmill_server.errors import bad_request, overloaded
 from tokenmill_server.generation import engine_errors

@@ -21,7 +21,7 @@ from typing import Any
 import uvicorn
 
 from tokenmill.config import EngineArgs
-from tokenmill.engine.async_llm import AsyncLLM, EngineDeadError
+from tokenmill.frontend.async_llm import AsyncLLM, EngineDeadError
 from tokenmill_server.accept_error_log import AcceptErrorLog
 from tokenmill_server.app import build_app
 from tokenmill_server.connection_cap import (

@@ -9,9 +9,9 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenmill.engine.async_llm import RequestRejectedError
-from tokenmill.engine.embedding_inputs import embedding_response
-from tokenmill.engine.input_processor import PromptTooLongError
+from tokenmill.frontend.async_llm import RequestRejectedError
+from tokenmill.frontend.embedding_inputs import embedding_response
+from tokenmill.frontend.input_processor import PromptTooLongError
 from tokenmill_server.errors import ApiError, bad_request
 from tokenmill_server.generation import (
     ClientDisconnected,

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from tokenmill.engine.async_llm import AsyncLLM
+from tokenmill.frontend.async_llm import AsyncLLM
 from tokenmill_server.errors import ApiError, bad_request, unavailable
 from tokenmill_server.event_stream import StreamBudget
 from tokenmill_server.generation import engine_errors

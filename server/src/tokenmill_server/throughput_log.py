@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from tokenmill.engine.async_llm import IterationStats
+from tokenmill.frontend.async_llm import IterationStats
 from tokenmill.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger("tokenmill.server")

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.engine.messages import LogprobsEntry
 from tokenmill.layers.context import AttentionContext
 from tokenmill.plugin_api import AttentionBackend, AttentionSpec, LayerKernels, Platform
 from tokenmill.runner.graph_runner import DecodeGraphRunner
@@ -33,6 +32,7 @@ from tokenmill.sampling.sampler import Sampler, SamplerOutput
 from tokenmill.scheduler.output import SchedulerOutput
 from tokenmill.spec_decode.proposer import DraftSlot, Proposer
 from tokenmill.spec_decode.verification import accept_greedy
+from tokenmill.wire import LogprobsEntry
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tokenmill.engine.messages import LogprobsEntry
+from tokenmill.wire import LogprobsEntry
 
 # prompt positions are processed in slices so a long prompt never needs a [T, V] float32 copy at once
 _PROMPT_SLICE = 512

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.engine.messages import LogprobsEntry
 from tokenmill.sampling.batch import SamplingBatch
 from tokenmill.sampling.greedy import GreedyArgmax
 from tokenmill.sampling.logprobs import logprobs_entries
 from tokenmill.sampling.truncation import apply_min_p, apply_top_k_top_p
+from tokenmill.wire import LogprobsEntry
 
 _NEG_INF = float("-inf")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tokenmill.engine.messages import EngineCoreOutput, LogprobsEntry
 from tokenmill.outputs import CompletionOutput, Logprob, SampleLogprobs
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill.tokenizer.detokenizer import IncrementalDetokenizer, token_texts
 from tokenmill.tokenizer.stop_strings import find_stop_string, stop_holdback
+from tokenmill.wire import EngineCoreOutput, LogprobsEntry
 
 
 def logprob_dicts(entries: Sequence[LogprobsEntry | None], tokenizer: Any | None) -> list[dict[int, Logprob] | None]:

@@ -8,16 +8,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from tokenmill.config import EngineArgs, EngineConfig
-from tokenmill.engine.config_resolver import resolve_config
-from tokenmill.engine.core_builder import build_engine_core
-from tokenmill.engine.engine_core import EngineCore
-from tokenmill.engine.input_processor import InputProcessor, PromptType
-from tokenmill.engine.messages import EngineCoreRequest
-from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.engine_core.config_resolver import resolve_config
+from tokenmill.engine_core.core_builder import build_engine_core
+from tokenmill.engine_core.engine_core import EngineCore
+from tokenmill.frontend.input_processor import InputProcessor, PromptType
+from tokenmill.frontend.output_processor import OutputProcessor
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.stats import SchedulerStats
 from tokenmill.tokenizer.loader import load_tokenizer
+from tokenmill.wire import EngineCoreRequest
 
 logger = logging.getLogger("tokenmill")
 

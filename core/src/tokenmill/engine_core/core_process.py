@@ -1,8 +1,8 @@
 """The engine-core process: an EngineCore behind two ZMQ IPC sockets, run until SHUTDOWN.
 
-Started by ``EngineCoreClient`` as ``python -m tokenmill.engine.core_process`` (a fresh
+Started by ``EngineCoreClient`` as ``python -m tokenmill.engine_core.core_process`` (a fresh
 interpreter, never multiprocessing: nothing is pickled). The parent writes the EngineArgs as JSON
-to stdin; every later message travels as the wire module's frames (``tokenmill.engine.messages``):
+to stdin; every later message travels as the wire module's frames (``tokenmill.wire``):
 requests in on a PULL socket, READY, step outputs, embeddings and failures out on a PUSH socket.
 
 An embedding request's prompts become pooling requests of the same scheduler (``EngineCore.add_embedding``),
@@ -25,8 +25,10 @@ from typing import Any
 
 import zmq
 
-from tokenmill.engine import messages as wire
-from tokenmill.engine.messages import (
+from tokenmill import wire
+from tokenmill.log_level import current_log_level, failure_summary, tracebacks_wanted
+from tokenmill.scheduler.stats import SchedulerStats
+from tokenmill.wire import (
     CANNOT_GENERATE,
     EngineCoreEmbeddings,
     EngineCoreEmbedRequest,
@@ -34,8 +36,6 @@ from tokenmill.engine.messages import (
     EngineCoreOutputs,
     EngineCoreReady,
 )
-from tokenmill.log_level import current_log_level, failure_summary, tracebacks_wanted
-from tokenmill.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger("tokenmill")
 
@@ -155,7 +155,7 @@ class EngineCoreProc:
         run, a pooling the model directory declares but tokenmill lacks) refuses that request only."""
         try:
             if self._pooling is None:
-                from tokenmill.engine.embedding import model_pooling
+                from tokenmill.engine_core.embedding import model_pooling
 
                 self._pooling = model_pooling(self.core.runner.model, self.config.model.path)
             self.core.add_embedding(request.request_id, request.prompts, self._pooling)
@@ -176,7 +176,7 @@ class EngineCoreProc:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tokenmill.engine.core_process",
+    parser = argparse.ArgumentParser(prog="python -m tokenmill.engine_core.core_process",
                                      description="The tokenmill engine core (started by the server; EngineArgs "
                                                  "as JSON on stdin).")
     parser.add_argument("--requests", required=True, help="ZMQ address to pull requests from")
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = False
     try:
         from tokenmill.config import EngineArgs
-        from tokenmill.engine.config_resolver import resolve_config
-        from tokenmill.engine.core_builder import build_engine_core
+        from tokenmill.engine_core.config_resolver import resolve_config
+        from tokenmill.engine_core.core_builder import build_engine_core
 
         config = resolve_config(EngineArgs.from_kwargs(**json.loads(sys.stdin.read())))
         logger.info("engine configuration:\n%s", config.render_report())

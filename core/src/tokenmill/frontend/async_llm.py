@@ -19,16 +19,21 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tokenmill.config import EngineArgs
-from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
-from tokenmill.engine.embedding_inputs import embedding_prompts
-from tokenmill.engine.frontend_model import (
+from tokenmill.frontend.core_client import EngineCoreClient, EngineDeadError
+from tokenmill.frontend.embedding_inputs import embedding_prompts
+from tokenmill.frontend.input_processor import InputProcessor
+from tokenmill.frontend.model_view import (
     front_end_model_config,
     load_tokenizer_or_none,
     tokenizer_from_resolved_config,
 )
-from tokenmill.engine.frontend_stats import FinishedRequestStats, IterationStats, StatsListener
-from tokenmill.engine.input_processor import InputProcessor
-from tokenmill.engine.messages import (
+from tokenmill.frontend.output_processor import OutputProcessor
+from tokenmill.frontend.request_outcomes import Embeddings, QueueFullError, RequestAbortedError, RequestRejectedError
+from tokenmill.frontend.stats import FinishedRequestStats, IterationStats, StatsListener
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.stats import SchedulerStats
+from tokenmill.wire import (
     CANNOT_GENERATE,
     EngineCoreEmbeddings,
     EngineCoreEmbedRequest,
@@ -36,11 +41,6 @@ from tokenmill.engine.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
 )
-from tokenmill.engine.output_processor import OutputProcessor
-from tokenmill.engine.request_outcomes import Embeddings, QueueFullError, RequestAbortedError, RequestRejectedError
-from tokenmill.outputs import RequestOutput
-from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger("tokenmill")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.engine.embedding_inputs import (
+from tokenmill.frontend.embedding_inputs import (
     checked_embedding_ids,
     embedding_prompts,
     embedding_response,

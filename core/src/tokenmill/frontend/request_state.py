@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tokenmill.engine.frontend_stats import FinishedRequestStats, IterationStats
-from tokenmill.engine.messages import EngineCoreOutput
-from tokenmill.engine.parallel_sampling import best_completions
-from tokenmill.engine.sequence_state import SequenceState, logprob_dicts
+from tokenmill.frontend.parallel_sampling import best_completions
+from tokenmill.frontend.sequence_state import SequenceState, logprob_dicts
+from tokenmill.frontend.stats import FinishedRequestStats, IterationStats
 from tokenmill.outputs import PromptLogprobs, RequestMetrics, RequestOutput
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+from tokenmill.wire import EngineCoreOutput
 
 
 class RequestState:

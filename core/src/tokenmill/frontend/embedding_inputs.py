@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.engine.input_processor import PromptTooLongError
+from tokenmill.frontend.input_processor import PromptTooLongError
 
 
 def encode_embedding(vector: Sequence[float] | np.ndarray, encoding_format: str) -> list[float] | str:

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tokenmill.engine.embedding_jobs import EmbeddingJobs
-from tokenmill.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine_core.embedding_jobs import EmbeddingJobs
 from tokenmill.layers.pooling import PoolingConfig
 from tokenmill.request import Request, RequestStatus
 from tokenmill.runner.model_runner import ModelRunner
@@ -26,6 +25,7 @@ from tokenmill.scheduler.scheduler import Scheduler
 from tokenmill.spec_decode.proposer import DraftSlot
 from tokenmill.structured.grammar_compiler import StructuredOutputCompiler
 from tokenmill.structured.grammar_queue import GrammarQueue
+from tokenmill.wire import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger("tokenmill")
 _IDLE_GRAMMAR_WAIT_S = 0.01  # with nothing else to run, wait this long for a grammar instead of spinning

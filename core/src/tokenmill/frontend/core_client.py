@@ -22,9 +22,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from tokenmill import wire
 from tokenmill.config import EngineArgs
-from tokenmill.engine import messages as wire
-from tokenmill.engine.messages import (
+from tokenmill.wire import (
     EngineCoreEmbeddings,
     EngineCoreEmbedRequest,
     EngineCoreFailure,
@@ -68,7 +68,7 @@ class EngineCoreClient:
         outputs = async_context.socket(zmq.PULL)
         outputs.setsockopt(zmq.RCVHWM, 0)
         outputs.bind(output_address)
-        command = [sys.executable, "-m", "tokenmill.engine.core_process", "--requests", request_address,
+        command = [sys.executable, "-m", "tokenmill.engine_core.core_process", "--requests", request_address,
                    "--outputs", output_address, "--parent-pid", str(os.getpid())]
         # Popen from this (main) thread: the child's parent-death signal fires when this thread exits
         process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from tokenmill.engine.messages import EngineCoreRequest
 from tokenmill.outputs import CompletionOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.wire import EngineCoreRequest
 
 
 def child_request_id(index: int, parent_id: str) -> str:

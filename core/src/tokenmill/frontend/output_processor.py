@@ -16,13 +16,13 @@ from typing import Any
 
 import msgspec
 
-from tokenmill.engine.frontend_stats import IterationStats
-from tokenmill.engine.messages import EngineCoreOutput, EngineCoreRequest
-from tokenmill.engine.parallel_sampling import fan_out
-from tokenmill.engine.request_state import RequestState
-from tokenmill.engine.sequence_state import SequenceState
+from tokenmill.frontend.parallel_sampling import fan_out
+from tokenmill.frontend.request_state import RequestState
+from tokenmill.frontend.sequence_state import SequenceState
+from tokenmill.frontend.stats import IterationStats
 from tokenmill.outputs import RequestOutput
 from tokenmill.tokenizer.bad_words import bad_words_token_ids
+from tokenmill.wire import EngineCoreOutput, EngineCoreRequest
 
 
 class OutputProcessor:

@@ -12,7 +12,7 @@ import torch
 
 from tokenmill.config import EngineConfig
 from tokenmill.discovery import build_plugin_manager, discover
-from tokenmill.engine.engine_core import EngineCore
+from tokenmill.engine_core.engine_core import EngineCore
 from tokenmill.layers.context import ModelBuildContext
 from tokenmill.loader.model_loader import load_model
 from tokenmill.runner.graph_runner import DecodeGraphRunner, decode_graph_factory

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tokenmill.config import EngineArgs, ModelConfig
-from tokenmill.engine.messages import EngineCoreReady
 from tokenmill.tokenizer import TokenizerLoadError, load_tokenizer
+from tokenmill.wire import EngineCoreReady
 
 
 def front_end_model_config(ready: EngineCoreReady) -> ModelConfig:
@@ -28,7 +28,7 @@ def load_tokenizer_or_none(args: EngineArgs) -> Any | None:
 
 def tokenizer_from_resolved_config(args: EngineArgs) -> Any:
     """The tokenizer a quantization format supplies from its checkpoint (needs the full resolution)."""
-    from tokenmill.engine.config_resolver import resolve_config
-    from tokenmill.engine.llm_engine import load_model_tokenizer
+    from tokenmill.engine_core.config_resolver import resolve_config
+    from tokenmill.frontend.llm_engine import load_model_tokenizer
 
     return load_model_tokenizer(resolve_config(args))
