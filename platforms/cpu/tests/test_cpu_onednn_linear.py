@@ -12,11 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenmill.discovery import KernelTarget, select_kernel
-from tokenmill.plugin_api import LinearSpec
-from tokenmill.reference.unquantized import TorchLinearKernel, Unquantized
 from tokenmill_cpu.onednn_linear import OneDnnLinearKernel, onednn_unavailable
-from tokenmill_cpu.platform import CpuPlatform
 
 pytestmark = pytest.mark.skipif(onednn_unavailable() is not None, reason="no oneDNN in this torch build")
 
@@ -82,19 +78,3 @@ def test_a_kernel_without_small_batch_products_is_reordered_at_load_and_runs_one
     assert layer.onednn_weight is not None
     x = torch.randn(1, 16)
     torch.testing.assert_close(kernel.apply(layer, x, None), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
-
-
-def test_the_platform_offers_it_and_prefers_it_for_plain_weights(monkeypatch):
-    monkeypatch.setenv("TOKENMILL_CPU_LAYER_KERNELS", "0")
-    platform = CpuPlatform()
-    (offered,) = platform.linear_kernels()
-    assert issubclass(offered, OneDnnLinearKernel) and platform.linear_kernels() == (offered,)
-    target = KernelTarget.of(platform)
-    spec = LinearSpec("model.layers.0.mlp.down_proj", 16, 24, (24,), False, "float32")
-    choice = select_kernel(Unquantized(), spec, target)
-    assert choice.kernel is offered and choice.name == "onednn-linear (full precision)"
-    half = select_kernel(Unquantized(), LinearSpec("o", 16, 24, (24,), False, "float16"), target)
-    assert half.kernel is TorchLinearKernel
-    assert [r.render() for r in half.rejections] == ["onednn-linear: dtype float16 not supported (supports "
-                                                     "float32, bfloat16)"]
-    assert offered()._small_batch is None  # TOKENMILL_CPU_LAYER_KERNELS=0: oneDNN at every row count
