@@ -12,6 +12,8 @@
    tokenmill's public names: "public" means every component of the imported module path and every
    imported name does not start with an underscore (``tokenmill.plugin_api`` is the contract;
    ``from tokenmill.engine._step import x`` or ``from tokenmill.engine import _helper`` are not).
+5. ``tokenmill.engine_core`` (the engine process) never imports ``tokenmill.frontend`` (the API
+   process), not even inside a function: the two meet only in ``tokenmill.wire``.
 """
 
 from __future__ import annotations
@@ -223,11 +225,23 @@ def check_plugin_imports(modules: list[Module], root: Path) -> list[str]:
     return found
 
 
+def check_engine_core_boundary(modules: list[Module], root: Path) -> list[str]:
+    """Rule 5."""
+    found = []
+    for module in (m for m in modules if m.core and _within(m.name, "tokenmill.engine_core")):
+        for item in module.collector.imports:
+            if any(_within(name, "tokenmill.frontend") for name in _imported_names(item)):
+                found.append(f"{module.where(item.line, root)}: {module.name} imports the front end "
+                             f"({item.module}); the engine core reaches it only through tokenmill.wire")
+    return found
+
+
 def violations(root: Path = ROOT) -> list[str]:
     """Every import-rule violation in the tree."""
     modules = parse_modules(root)
     return (check_plugin_api(modules, root) + check_core_neutrality(modules, root)
-            + check_torch_free(modules, root) + check_plugin_imports(modules, root))
+            + check_torch_free(modules, root) + check_plugin_imports(modules, root)
+            + check_engine_core_boundary(modules, root))
 
 
 if __name__ == "__main__":

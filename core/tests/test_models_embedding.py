@@ -122,7 +122,7 @@ def test_causal_lm_embeds_then_still_generates_like_hf(causal_decoder):
 
 def test_embed_for_api_float_base64_and_errors(bert):
     from tokenmill import LLM
-    from tokenmill.engine_core.embedding import embed_for_api
+    from tokenmill.frontend.offline_embedding import embed_for_api
 
     path, _ = bert
     llm = LLM(str(path), dtype="float32", kv_cache_memory="8MiB")

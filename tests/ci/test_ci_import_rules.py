@@ -102,3 +102,20 @@ def test_first_party_plugins_use_only_public_names(tmp_path):
                                                    "platforms/cuda/src/tokenmill_cuda/platform.py:5",
                                                    "platforms/cuda/src/tokenmill_cuda/platform.py:6"]
     assert "uses tokenmill's private _loop" in found[0]
+
+
+def test_engine_core_may_not_import_the_front_end(tmp_path):
+    found = tree(tmp_path, {
+        "core/src/tokenmill/__init__.py": "",
+        "core/src/tokenmill/wire.py": "",
+        "core/src/tokenmill/frontend/stats.py": "from tokenmill.engine_core.builder import build\n",
+        "core/src/tokenmill/engine_core/builder.py": """
+            from tokenmill import wire
+            from tokenmill.frontend.stats import IterationStats
+            def later():
+                from tokenmill import frontend
+        """,
+    })
+    assert [v.split(": ", 1)[0] for v in found] == ["core/src/tokenmill/engine_core/builder.py:3",
+                                                   "core/src/tokenmill/engine_core/builder.py:5"]
+    assert all("reaches it only through tokenmill.wire" in v for v in found)

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenmill.config import EngineArgs
-from tokenmill.engine_core.embedding import EmbeddingRequestOutput
 from tokenmill.frontend.input_processor import PromptType
 from tokenmill.frontend.llm_engine import LLMEngine
+from tokenmill.frontend.offline_embedding import EmbeddingRequestOutput
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
@@ -64,12 +64,8 @@ class LLM:
         the model kind's default (encoders: CLS token, decoders: last token; normalised);
         ``pooling`` ("mean", "cls", "last") and ``normalize`` override it.
         """
-        from tokenmill.engine_core.embedding import (
-            EmbeddingOutput,
-            embed_in_process,
-            model_pooling,
-            tokenize_for_embedding,
-        )
+        from tokenmill.engine_core.embedding import model_pooling
+        from tokenmill.frontend.offline_embedding import EmbeddingOutput, embed_in_process, tokenize_for_embedding
 
         token_ids = [tokenize_for_embedding(self.engine, p) for p in self._as_prompt_list(prompts)]
         chosen = model_pooling(self.engine.core.runner.model, self.engine.config.model.path, pooling, normalize)

@@ -29,10 +29,11 @@ class OutputProcessor:
     """Tracks every unfinished request between the engine core and the user.
 
     ``add_request`` returns the engine requests to run: the request itself, or for ``n`` > 1 /
-    ``best_of`` one child per candidate (``parallel_sampling.fan_out``). ``process`` consumes one step's EngineCoreOutputs: it puts
-    each RequestOutput in its request's queue, or returns it when the request has none, together
-    with the engine ids to finish because a stop string ended them (the engine only knows
-    token-level stops). A request leaves the registry when it finishes or is aborted.
+    ``best_of`` one child per candidate (``parallel_sampling.fan_out``). ``process`` consumes one
+    step's EngineCoreOutputs: it puts each RequestOutput in its request's queue, or returns it when
+    the request has none, together with the engine ids to finish because a stop string ended them
+    (the engine only knows token-level stops). A request leaves the registry when it finishes or is
+    aborted.
     """
 
     def __init__(self) -> None:
