@@ -88,8 +88,8 @@ class TorchDevicePlatform(Platform):
         """For fields left unset (None or "auto"): the device's best dtype (``capabilities.dtypes[0]``)
         and ``gpu_memory_utilization`` of device memory."""
         overrides: dict[str, Any] = {}
-        if config.get("dtype") in (None, "auto"):
+        if self.left_unset(config, "dtype"):
             overrides["dtype"] = self.capabilities.dtypes[0]
-        if config.get("gpu_memory_utilization") in (None, "auto"):
+        if self.left_unset(config, "gpu_memory_utilization"):
             overrides["gpu_memory_utilization"] = self.gpu_memory_utilization
         return overrides

@@ -264,6 +264,12 @@ class Platform(ABC):
         """
         return {}
 
+    @staticmethod
+    def left_unset(config: Mapping[str, Any], key: str) -> bool:
+        """Whether the user left ``key`` to its automatic value (None or ``"auto"``) in the ``config``
+        that ``config_defaults`` receives: the fields a platform may fill."""
+        return config.get(key) in (None, "auto")
+
     def describe(self) -> str:
         """One line for logs: the platform and its active device. Optional."""
         return f"{self.name} ({self.device_type}:{self.device_index})"

@@ -29,7 +29,8 @@ from typing import Any
 #      removed LayerKernels.small_batch_linear and LayerKernels.small_batch_linear_covers (the CPU's decode
 #      products now belong to its own linear kernel); new optional Platform.linear_kernels (a platform's
 #      kernels for plain float weights, standing in for a format's plain-weight kernels),
-#      Platform.allocate_kv_cache and Platform.back_kv_cache (KV cache memory and backing its pages)
+#      Platform.allocate_kv_cache and Platform.back_kv_cache (KV cache memory and backing its pages);
+#      Platform.left_unset (which config fields config_defaults may fill)
 PLUGIN_API_VERSION: tuple[int, int] = (2, 0)
 
 API_VERSION_ATTRIBUTE = "api_version"

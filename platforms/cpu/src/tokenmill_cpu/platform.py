@@ -33,10 +33,6 @@ LAYER_KERNELS_ENV = "TOKENMILL_CPU_LAYER_KERNELS"
 SHARED_MEMORY_ENV = "TOKENMILL_CPU_SHARED_MEMORY_COMMUNICATOR"
 
 
-def _unset(config: Mapping[str, Any], key: str) -> bool:
-    return config.get(key) in (None, "auto")
-
-
 class CpuPlatform(Platform):
     """Any CPU. Always scores 50: above core's generic reference platform, below accelerators."""
 
@@ -192,11 +188,11 @@ class CpuPlatform(Platform):
         """dtype from the ISA, a KV cache of a quarter of available RAM (at most 32 GiB) and
         one thread per physical core (unless OMP_NUM_THREADS is set)."""
         overrides: dict[str, Any] = {}
-        if _unset(config, "dtype"):
+        if self.left_unset(config, "dtype"):
             overrides["dtype"] = self.capabilities.dtypes[0]
-        if _unset(config, "kv_cache_memory"):
+        if self.left_unset(config, "kv_cache_memory"):
             overrides["kv_cache_memory"] = min(int(self.memory_info().free * KV_CACHE_FRACTION), KV_CACHE_CAP)
-        if _unset(config, "num_threads") and not os.environ.get("OMP_NUM_THREADS"):
+        if self.left_unset(config, "num_threads") and not os.environ.get("OMP_NUM_THREADS"):
             overrides["num_threads"] = self.physical_cores
         return overrides
 

@@ -16,10 +16,6 @@ def running_on_macos() -> bool:
     return sys.platform == "darwin"
 
 
-def _unset(config: Mapping[str, Any], key: str) -> bool:
-    return config.get(key) in (None, "auto")
-
-
 class MetalPlatform(Platform):
     """Apple GPUs. Scores 100 on macOS when torch is built with MPS and MPS is available."""
 
@@ -84,7 +80,7 @@ class MetalPlatform(Platform):
 
     def config_defaults(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """float16 when the user left dtype on auto."""
-        if _unset(config, "dtype"):
+        if self.left_unset(config, "dtype"):
             return {"dtype": self.capabilities.dtypes[0]}
         return {}
 
