@@ -106,21 +106,25 @@ def test_a_second_sigint_exits_nonzero_without_a_traceback_per_stream(tiny_model
     server = LiveServer(str(tiny_model), "--kv-cache-memory", "32MiB", "--shutdown-timeout", "60", "--log-interval",
                         "0", log=log).wait_ready()
     try:
+        streaming = threading.Semaphore(0)  # released once per stream, at its first line
+
         def stream() -> None:
             try:
                 with httpx.stream("POST", server.url + "/v1/completions", timeout=120,
                                   json={"prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True}) as r:
-                    for _ in r.iter_lines():
-                        pass
+                    for number, _ in enumerate(r.iter_lines()):
+                        if number == 0:
+                            streaming.release()
             except httpx.HTTPError:  # the forced exit cuts the streams
                 pass
 
         streams = [threading.Thread(target=stream) for _ in range(3)]
         for thread in streams:
             thread.start()
-        time.sleep(2.0)
+        for _ in streams:  # signal while every stream is mid-way: a fast host finishes 400 tokens in about a second
+            assert streaming.acquire(timeout=60)
         server.process.send_signal(signal.SIGINT)
-        time.sleep(1.0)
+        time.sleep(0.1)
         server.process.send_signal(signal.SIGINT)
         assert server.process.wait(30) == 128 + signal.SIGINT
         for thread in streams:

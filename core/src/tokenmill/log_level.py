@@ -8,6 +8,8 @@ import argparse
 import logging
 import os
 
+from tokenmill.discovery.selection_error import SelectionError
+
 LOG_LEVEL_ENV = "TOKENMILL_LOG_LEVEL"
 LEVELS = ("debug", "info", "warning", "error")
 _SUMMARY_CHARS = 300  # a failure's line: long enough for a path and a reason, short enough to read
@@ -41,9 +43,10 @@ def tracebacks_wanted() -> bool:
 
 
 def failure_summary(error: BaseException) -> str:
-    """``Type: message`` on one line, the message's first line cut to a readable length."""
+    """``Type: message`` on one line: the message's first line, cut to a readable length unless it is a
+    SelectionError's (a setup problem's reason, written as one line and needed whole)."""
     text = str(error).strip()
     first = text.splitlines()[0].strip() if text else ""
-    if len(first) > _SUMMARY_CHARS:
+    if len(first) > _SUMMARY_CHARS and not isinstance(error, SelectionError):
         first = first[:_SUMMARY_CHARS - 3].rstrip() + "..."
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
